@@ -1,0 +1,33 @@
+"""shmload: a shared-memory multiprocess data loader.
+
+Workers load and collate batches straight into preallocated shared-memory slots; the
+main process yields numpy views into them, with no pickling of array data.
+"""
+
+from .collate import default_collate
+from .errors import (CollateError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
+                     SharedMemoryError, ShmloadError, WorkerDiedError, WorkerError, WorkerStartupError)
+from .loader import DataLoader
+from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from .worker import WorkerInfo, get_worker_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSampler",
+    "CollateError",
+    "DataLoader",
+    "LoaderTimeoutError",
+    "OptionalDependencyError",
+    "RandomSampler",
+    "RingFullError",
+    "SequentialSampler",
+    "SharedMemoryError",
+    "ShmloadError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerInfo",
+    "WorkerStartupError",
+    "default_collate",
+    "get_worker_info",
+]

@@ -1,0 +1,38 @@
+"""Collate: turn the samples of one batch into a plan that can be written anywhere.
+
+``default_collate`` is the public, in-memory version (fresh numpy arrays), for custom
+collate functions to build on. Inside a worker the same plan is written straight into a
+ring slot instead (see :mod:`shmload.worker`), so the default path copies each byte once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from . import layout as _layout
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Collate a list of samples into a batch of numpy arrays.
+
+    The batch mirrors the sample's structure (tuple, list, dict, namedtuple). Arrays,
+    numpy scalars and torch tensors of equal shape and dtype are stacked to ``[B, ...]``;
+    Python bool/int/float become a 1-D array of length B (bool, int64, float64); any other
+    leaf (str, bytes, None, objects) becomes a list of length B.
+
+    Raises :class:`shmload.CollateError` naming the field and the position when samples
+    do not match.
+    """
+    return _layout.build_local(_layout.plan_stack(batch))
+
+
+def make_plan(samples: Any, indices: Any, collate_fn: Callable | None, auto_batch: bool) -> _layout.Plan:
+    """The plan for one batch, however it was asked to be collated.
+
+    ``auto_batch`` is False when ``batch_size=None``: ``samples`` is then one sample.
+    """
+    if collate_fn is not None:
+        return _layout.plan_convert(collate_fn(samples), indices if auto_batch else [indices])
+    if auto_batch:
+        return _layout.plan_stack(samples, indices)
+    return _layout.plan_convert(samples, [indices])

@@ -1,0 +1,24 @@
+"""The loader's settings, validated once and frozen, so no stage takes a long argument list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    dataset: Any
+    auto_batch: bool  # False with batch_size=None: one sample per step, nothing stacked
+    collate_fn: Callable | None  # None: the default collate, written straight into the slot
+    num_workers: int
+    prefetch_factor: int
+    persistent_workers: bool
+    timeout: float
+    worker_init_fn: Callable | None
+    in_order: bool
+    seed: int
+    context: Any  # a multiprocessing context
+    output: str  # "numpy" | "torch"
+    slot_bytes: int | None
+    max_shm_bytes: int | None

@@ -1,0 +1,145 @@
+"""One epoch: pull index batches from the sampler, get them loaded, yield them in order.
+
+:class:`SingleProcessEpoch` loads in the calling process (``num_workers=0``).
+:class:`MultiprocessEpoch` keeps up to ``num_workers * prefetch_factor`` batches
+outstanding (dispatched or ready but not yet yielded, as torch counts them), feeds
+results through a :class:`ReorderBuffer`, and yields views into the ring.
+
+An exception raised while loading a batch is raised at that batch's position; the
+iterator stays usable and the next ``next()`` yields the following batch.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Iterator
+
+from . import layout as _layout
+from . import lifetime, seeding
+from .collate import make_plan
+from .config import LoaderConfig
+from .errors import LoaderTimeoutError, ShmloadError
+from .fetch import fetch
+from .reorder import ReorderBuffer
+from .session import LoadFailed, Session
+
+POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
+
+
+class SingleProcessEpoch:
+    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None):
+        self._cfg, self._batches, self._epoch, self._length = cfg, batches, epoch, length
+        self._seq = 0
+
+    def __iter__(self) -> SingleProcessEpoch:
+        return self
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("this loader's sampler has no len()")
+        return self._length
+
+    def __next__(self) -> Any:
+        indices = next(self._batches)
+        seq, self._seq = self._seq, self._seq + 1
+        cfg = self._cfg
+        with seeding.preserved_globals():
+            seeding.seed_globals(cfg.seed, self._epoch, seq)
+            samples = fetch(cfg.dataset, indices, cfg.auto_batch)
+            plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
+        return _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
+
+
+class MultiprocessEpoch:
+    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
+                 batches: Iterator, epoch: int, length: int | None):
+        self._cfg, self._session, self._batches = cfg, session, batches
+        self._epoch, self._length = epoch, length
+        self._iteration = session.begin_iteration()
+        self._target = cfg.num_workers * cfg.prefetch_factor
+        self._reorder = ReorderBuffer(cfg.in_order)
+        self._next_seq = 0
+        self._pending: Any = None  # indices pulled from the sampler, not yet dispatched
+        self._exhausted = False
+        # Non-persistent workers live as long as this iterator: break, del, garbage
+        # collection and interpreter exit all stop them.
+        self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
+        self._done = False
+
+    def __iter__(self) -> MultiprocessEpoch:
+        return self
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("this loader's sampler has no len()")
+        return self._length
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        if self._session.iteration != self._iteration or self._session.closed:
+            raise ShmloadError("this iterator can no longer be used: a newer iter() of the same loader "
+                               "(persistent_workers=True) or close() took over its workers")
+        try:
+            return self._next()
+        except StopIteration:
+            self._finish()
+            raise
+        except ShmloadError as exc:
+            if self._session.closed:  # a worker died: nothing more will come
+                self._finish()
+            raise exc
+
+    def _next(self) -> Any:
+        deadline = None
+        while True:
+            self._fill()
+            popped = self._reorder.pop()
+            if popped is not None:
+                return self._yield(popped[1])
+            if self._exhausted and len(self._reorder) == 0:
+                raise StopIteration
+            wait = POLL_INTERVAL
+            if self._cfg.timeout > 0:
+                now = time.monotonic()
+                deadline = deadline or now + self._cfg.timeout
+                if now >= deadline:
+                    raise self._timed_out()
+                wait = min(wait, deadline - now)
+            results = self._session.poll(wait)
+            for result in results:
+                self._reorder.put(result.seq, result)
+            if results:
+                deadline = None
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._reorder) < self._target:
+            if self._pending is None:
+                try:
+                    self._pending = next(self._batches)
+                except StopIteration:
+                    self._exhausted = True
+                    return
+            if not self._session.try_dispatch(self._epoch, self._next_seq, self._pending):
+                return
+            self._reorder.expect(self._next_seq)
+            self._next_seq += 1
+            self._pending = None
+
+    def _yield(self, result: Any) -> Any:
+        if type(result) is LoadFailed:
+            raise result.error
+        return self._session.deliver(result)
+
+    def _timed_out(self) -> LoaderTimeoutError:
+        missing = sorted(self._reorder.missing)
+        seq = missing[0] if missing else self._next_seq
+        return LoaderTimeoutError(
+            f"DataLoader timed out after {self._cfg.timeout} seconds waiting for batch {seq}: "
+            f"{self._session.holder_of(seq)}")
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._stop is not None:
+            self._stop()  # workers stop at the end of the epoch, as torch's do

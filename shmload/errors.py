@@ -1,0 +1,108 @@
+"""The exceptions shmload raises.
+
+Everything shmload raises of its own derives from :class:`ShmloadError`, so
+``except shmload.ShmloadError`` catches all of it. Where code written for
+``torch.utils.data.DataLoader`` expects a builtin type, the shmload class also
+derives from that builtin: torch raises ``RuntimeError`` for worker failures and
+time-outs, so :class:`WorkerError` and :class:`LoaderTimeoutError` are
+``RuntimeError`` too.
+
+Each message says whose fault it was and what to do about it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import NamedTuple
+
+
+class ShmloadError(Exception):
+    """Base class of every error shmload raises of its own."""
+
+
+class CollateError(ShmloadError, ValueError):
+    """Samples of one batch cannot be batched together (structure, shape or dtype differ),
+    or a sample holds something that cannot be placed in shared memory."""
+
+
+class SharedMemoryError(ShmloadError, MemoryError):
+    """Shared memory could not be created or reserved (for example /dev/shm is too small)."""
+
+
+class RingFullError(ShmloadError):
+    """The consumer holds more batches than the ring's memory bound allows."""
+
+
+class WorkerError(ShmloadError, RuntimeError):
+    """A worker process failed; the message names the worker and what it was doing."""
+
+
+class WorkerStartupError(WorkerError):
+    """A worker failed before it could load anything (``worker_init_fn``, unpicklable dataset...)."""
+
+
+class WorkerDiedError(WorkerError):
+    """A worker process exited unexpectedly (killed, crashed, ``os._exit``)."""
+
+
+class LoaderTimeoutError(ShmloadError, TimeoutError, RuntimeError):
+    """No batch arrived within the loader's ``timeout``."""
+
+
+class RemoteError(NamedTuple):
+    """An exception raised in a worker, in a form that always crosses the process boundary.
+
+    The exception object itself may not pickle (or unpickle), so only its type is sent
+    by reference, with the message and the formatted traceback as text.
+    """
+
+    type_name: str
+    type_pickle: bytes | None
+    message: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, exc: BaseException, traceback_text: str) -> RemoteError:
+        try:
+            type_pickle = pickle.dumps(type(exc))
+        except Exception:  # a local class, for example: rebuilt as WorkerError below
+            type_pickle = None
+        return cls(type(exc).__qualname__, type_pickle, str(exc), traceback_text)
+
+    def rebuild(self, where: str) -> BaseException:
+        """The exception to raise in the main process.
+
+        Same type as in the worker where its constructor takes one message argument;
+        otherwise a :class:`WorkerError` naming the original type. ``where`` says which
+        worker and which batch, and the worker's full traceback follows.
+        """
+        text = f"Caught {self.type_name} {where}.\nOriginal {self.traceback}"
+        exc_type = None
+        if self.type_pickle is not None:
+            try:
+                exc_type = pickle.loads(self.type_pickle)
+            except Exception:
+                exc_type = None
+        if exc_type is KeyError:
+            # KeyError's str() is the repr of its argument, which would print the
+            # traceback as one long line of escaped newlines.
+            exc_type = _KeyErrorWithMessage
+        if isinstance(exc_type, type) and issubclass(exc_type, BaseException):
+            try:
+                return exc_type(text)
+            except Exception:
+                pass
+        return WorkerError(text)
+
+
+class _KeyErrorWithMessage(KeyError):
+    """A KeyError whose str() is its message as written, so tracebacks stay readable."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    __qualname__ = "KeyError"
+
+
+class OptionalDependencyError(ShmloadError, ImportError):
+    """A feature needs an optional package that is not installed."""

@@ -1,0 +1,62 @@
+"""Batch lifetime: the views handed to the user, and noticing when they are gone.
+
+Every array of a yielded batch is a view of one *owner* ndarray covering the slot.
+numpy collapses chains of views to the first array whose base is not an ndarray, so
+every view's ``.base`` is the owner (the owner's own base is the buffer of the mmap), and
+so is the base of anything derived from a view by slicing, reshaping or
+``torch.from_numpy``. The owner therefore dies exactly when the last reference to the
+batch's data does, and a weak reference to it reports the slot as free.
+
+Why not a finalizer on a memoryview of the slot: ``np.frombuffer`` takes its own export
+of a buffer, so such a finalizer fires while views still live.
+
+The weakref callback only appends to a deque: it may run at any moment (inside garbage
+collection, in another thread, in the middle of the loader's own code), so the
+iterator drains the deque in its own code before it reuses any slot.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from . import layout as _layout
+from .ring import Slot, SlotState
+
+
+class ReleaseQueue:
+    """Slots whose batches the user has dropped. Filled by weakref callbacks only."""
+
+    def __init__(self) -> None:
+        self._slots: deque[Slot] = deque()
+
+    def watch(self, owner: np.ndarray, slot: Slot) -> None:
+        push = self._slots.append
+        slot.watch = weakref.ref(owner, lambda _ref, slot=slot: push(slot))
+
+    def drain(self) -> list[Slot]:
+        out = []
+        while self._slots:
+            out.append(self._slots.popleft())
+        return out
+
+
+def to_torch(array: np.ndarray) -> Any:
+    return sys.modules["torch"].from_numpy(array)
+
+
+def deliver(slot: Slot | None, layout: _layout.Layout, releases: ReleaseQueue, output: str) -> Any:
+    """The user's batch: views into ``slot``; the slot is HELD until they are all gone."""
+    if slot is None:  # no array leaves
+        return _layout.build(layout, lambda spec: None)
+    owner = np.frombuffer(slot.segment.mmap, dtype=np.uint8, count=slot.capacity, offset=slot.offset)
+    slot.state = SlotState.HELD
+    releases.watch(owner, slot)
+    view = _layout.slot_destination(owner)
+    if output == "torch":
+        return _layout.build(layout, lambda spec: to_torch(view(spec)))
+    return _layout.build(layout, view)

@@ -1,0 +1,104 @@
+"""Control messages between the main process and its workers.
+
+Every message is a small typed record; array data never travels in one. Each worker has
+one duplex Unix socket to the main process (``multiprocessing.Pipe``), which carries
+these messages in both directions and, right after an :class:`Attach`, the segment's
+file descriptor (``SCM_RIGHTS``). Why a socket and not a POSIX message queue: queues are
+capped at 10 messages and 8 KB by default, ``/dev/mqueue`` is often not mounted in
+containers, and they cannot carry file descriptors.
+
+Main -> worker: :class:`Attach` (+ fd), :class:`Detach`, :class:`Task`,
+:class:`Reassign`, :class:`Shutdown`.
+Worker -> main: :class:`Ready`, :class:`StartupFailed`, :class:`Done`,
+:class:`NeedSpace`, :class:`Failed`.
+
+``iteration`` numbers each ``iter()`` of a session, so results of an abandoned epoch
+(``break`` with persistent workers) are recognised and dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .errors import RemoteError
+from .layout import Layout
+
+
+class SlotRef(NamedTuple):
+    """Where a batch is to be written: ``capacity`` bytes at ``offset`` of a segment."""
+
+    segment: int
+    offset: int
+    capacity: int
+
+
+# ---------------------------------------------------------------- main -> worker
+class Attach(NamedTuple):
+    """Map a new segment; its file descriptor follows on the socket."""
+
+    segment: int
+    size: int
+
+
+class Detach(NamedTuple):
+    """Unmap a segment that the ring has retired."""
+
+    segment: int
+
+
+class Task(NamedTuple):
+    """Load one batch and write it into ``slot`` (None while the slot size is unknown)."""
+
+    iteration: int
+    epoch: int
+    seq: int
+    indices: Any  # list of ints, or one int with batch_size=None
+    slot: SlotRef | None
+
+
+class Reassign(NamedTuple):
+    """Write the batch held after :class:`NeedSpace` into ``slot``; None means drop it."""
+
+    iteration: int
+    seq: int
+    slot: SlotRef | None
+
+
+class Shutdown(NamedTuple):
+    """Exit cleanly."""
+
+
+# ---------------------------------------------------------------- worker -> main
+class Ready(NamedTuple):
+    worker_id: int
+    pid: int
+
+
+class StartupFailed(NamedTuple):
+    worker_id: int
+    error: RemoteError
+
+
+class Done(NamedTuple):
+    iteration: int
+    seq: int
+    worker_id: int
+    slot: SlotRef | None  # None for a batch with no arrays (only small Python objects)
+    layout: Layout
+
+
+class NeedSpace(NamedTuple):
+    """The batch needs ``nbytes``, more than its slot holds; the worker keeps it until
+    a :class:`Reassign` arrives."""
+
+    iteration: int
+    seq: int
+    worker_id: int
+    nbytes: int
+
+
+class Failed(NamedTuple):
+    iteration: int
+    seq: int
+    worker_id: int
+    error: RemoteError

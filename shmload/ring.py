@@ -1,0 +1,198 @@
+"""The ring: preallocated slots in shared memory, and the rules for reusing them.
+
+Pure bookkeeping: the segments themselves come from a factory (``shm.Segment`` in the
+loader, a fake in the unit tests), and workers are told about new and retired segments
+through the ``on_attach`` / ``on_detach`` callbacks.
+
+A slot moves FREE -> ASSIGNED (task sent) -> READY (completion received) -> HELD
+(yielded to the user) -> FREE (the user dropped the last view). Only the main process
+changes these states, so a slot is written by one worker at a time and read only after
+its completion message (credit-based dispatch: a task is sent with its slot).
+
+Sizing. Steady state needs ``num_workers * prefetch_factor`` slots for the batches in
+flight, plus the batches the consumer holds: a ``for`` loop still holds the previous
+batch while ``next()`` runs, so the ring starts with two more (``min_slots``). Growth:
+
+* a batch larger than the slots (variable-size samples): :meth:`grow_capacity` maps a
+  new segment of larger slots and retires every old slot; free ones go at once, busy
+  ones when they come back. One growth serves all later batches up to the new size
+  (at least 1.25x the old one), so growth happens O(log) times per run.
+* a consumer holding many batches (``list(loader)``): :meth:`add_slots` maps another
+  segment with as many slots again, so held data is never overwritten.
+
+Both are bounded by ``max_bytes``; past it, :class:`RingFullError` says what to do.
+Retired slots are never resized in place: an mmap with live exports cannot be resized.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+from typing import Any, Callable
+
+from .errors import RingFullError
+from .messages import SlotRef
+
+GROWTH = 1.25
+
+
+def page_round(nbytes: int) -> int:
+    return max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    ASSIGNED = "assigned"
+    READY = "ready"
+    HELD = "held"
+
+
+class Slot:
+    __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch")
+
+    def __init__(self, ring: Ring, segment: Any, offset: int, capacity: int):
+        self.ring = ring
+        self.segment = segment
+        self.offset = offset
+        self.capacity = capacity
+        self.state = SlotState.FREE
+        self.retired = False
+        self.watch = None  # the weakref that reports the batch's release (see lifetime.py)
+
+    @property
+    def ref(self) -> SlotRef:
+        return SlotRef(self.segment.id, self.offset, self.capacity)
+
+    def __repr__(self) -> str:
+        return f"Slot(segment={self.segment.id}, offset={self.offset}, {self.state.value})"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class Ring:
+    def __init__(self, make_segment: Callable[[int, int], Any], min_slots: int, max_bytes: int,
+                 on_attach: Callable[[Any], None] = lambda seg: None,
+                 on_detach: Callable[[Any], None] = lambda seg: None):
+        self._make_segment = make_segment
+        self.min_slots = min_slots
+        self.max_bytes = max_bytes
+        self._on_attach, self._on_detach = on_attach, on_detach
+        self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
+        self._segments: dict[int, Any] = {}
+        self._live: dict[int, int] = {}  # segment id -> slots not yet dropped
+        self._free: list[Slot] = []
+        self._slots: list[Slot] = []
+        self._next_id = 0
+
+    # ------------------------------------------------------------ queries
+    @property
+    def nbytes(self) -> int:
+        return sum(seg.size for seg in self._segments.values())
+
+    @property
+    def num_slots(self) -> int:
+        """Slots of the current size (retired ones excluded)."""
+        return sum(1 for s in self._slots if not s.retired)
+
+    def counts(self) -> dict[str, int]:
+        out = {state.value: 0 for state in SlotState}
+        for slot in self._slots:
+            out[slot.state.value] += 1
+        return out
+
+    def slots_in(self, state: SlotState) -> list[Slot]:
+        return [s for s in self._slots if s.state is state]
+
+    # ------------------------------------------------------------ taking and returning
+    def take(self, nbytes: int = 0) -> Slot | None:
+        """A free slot holding at least ``nbytes``, now ASSIGNED; None if there is none."""
+        for i in range(len(self._free) - 1, -1, -1):  # newest first: its pages are warm
+            if self._free[i].capacity >= nbytes:
+                slot = self._free.pop(i)
+                slot.state = SlotState.ASSIGNED
+                return slot
+        return None
+
+    def release(self, slot: Slot) -> None:
+        if slot.ring is not self:
+            return  # a batch from a ring that has since been closed
+        if slot.state is SlotState.FREE:
+            raise RuntimeError(f"{slot!r} released twice")
+        slot.state = SlotState.FREE
+        slot.watch = None
+        if slot.retired:
+            self._drop(slot)
+        else:
+            self._free.append(slot)
+
+    def _drop(self, slot: Slot) -> None:
+        self._slots.remove(slot)
+        seg = slot.segment
+        self._live[seg.id] -= 1
+        if self._live[seg.id] == 0:
+            del self._live[seg.id], self._segments[seg.id]
+            self._on_detach(seg)
+            seg.close()
+
+    # ------------------------------------------------------------ growth
+    def grow_capacity(self, nbytes: int) -> None:
+        """Replace the slots with larger ones holding at least ``nbytes``."""
+        capacity = page_round(max(nbytes, int(self.slot_bytes * GROWTH)) if self.slot_bytes else nbytes)
+        count = max(self.min_slots, self.num_slots)
+        retiring_free = sum(s.capacity for s in self._free)
+        self._check_bound(count * capacity, self.nbytes - retiring_free,
+                          f"grow its slots to {_mib(capacity)} for a batch of {_mib(nbytes)}")
+        for slot in self._slots:
+            slot.retired = True
+        for slot in self._free[:]:
+            self._free.remove(slot)
+            self._drop(slot)
+        self.slot_bytes = capacity
+        self._add_segment(count)
+
+    def add_slots(self) -> None:
+        """Add as many slots again (at least one), for batches the consumer holds."""
+        if not self.slot_bytes:
+            raise RuntimeError("add_slots() before the ring was sized")
+        room = (self.max_bytes - self.nbytes) // self.slot_bytes
+        count = min(max(1, self.num_slots), room)
+        if count < 1:
+            self._check_bound(self.slot_bytes, self.nbytes, "add a slot for another batch")
+        self._add_segment(count)
+
+    def _check_bound(self, extra: int, in_use: int, what: str) -> None:
+        if in_use + extra <= self.max_bytes:
+            return
+        held = self.counts()["held"]
+        raise RingFullError(
+            f"the loader's ring cannot {what}: that needs {_mib(in_use + extra)} of shared memory, over "
+            f"its bound max_shm_bytes={self.max_bytes} ({_mib(self.max_bytes)}). The consumer holds "
+            f"{held} batches ({_mib(held * self.slot_bytes)}) whose memory the loader may not reuse. "
+            "Copy batches you keep (np.array(x) or tensor.clone()) so their slots can be reused, "
+            "or raise max_shm_bytes."
+        )
+
+    def _add_segment(self, count: int) -> None:
+        seg = self._make_segment(self._next_id, count * self.slot_bytes)
+        self._next_id += 1
+        self._segments[seg.id] = seg
+        self._live[seg.id] = count
+        new = [Slot(self, seg, i * self.slot_bytes, self.slot_bytes) for i in range(count)]
+        self._slots.extend(new)
+        self._free[:0] = new  # behind the warm ones
+        self._on_attach(seg)
+
+    def segments(self) -> list:
+        return list(self._segments.values())
+
+    def close(self) -> None:
+        for seg in self._segments.values():
+            seg.close()
+        self._segments.clear()
+        self._live.clear()
+        self._free.clear()
+        for slot in self._slots:
+            slot.ring = None  # late releases of held batches are ignored
+        self._slots.clear()

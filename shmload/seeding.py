@@ -1,0 +1,76 @@
+"""Seeds: one base seed per loader, streams derived from (seed, epoch, batch position).
+
+Why per batch rather than per worker (as torch does): a batch's random augmentations
+then depend only on which batch it is, not on which worker happened to load it, so the
+same ``seed`` gives bit-identical batches for any ``num_workers``, including 0.
+
+Streams are separated with :class:`numpy.random.SeedSequence` spawn keys, so the
+sampler's shuffle and the augmentations never share random numbers.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+SAMPLER_STREAM = 0
+BATCH_STREAM = 1
+
+
+def draw_base_seed(generator=None) -> int:
+    """A fresh base seed for a loader created with ``seed=None``.
+
+    Drawn from a torch ``generator`` when one is given, else from torch's global
+    generator when torch is already imported (so ``torch.manual_seed`` makes runs
+    repeatable, as users of torch's DataLoader expect), else from the OS.
+    """
+    torch = sys.modules.get("torch")
+    if generator is not None or torch is not None:
+        if torch is None:
+            raise TypeError("generator= is a torch.Generator, but torch is not imported")
+        value = torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+        return int(value) & (2**63 - 1)
+    return secrets.randbits(63)
+
+
+def sequence(seed: int, epoch: int, stream: int, position: int = 0) -> np.random.SeedSequence:
+    return np.random.SeedSequence(entropy=seed, spawn_key=(epoch, stream, position))
+
+
+def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The shuffled order of ``range(n)`` for this epoch."""
+    return np.random.default_rng(sequence(seed, epoch, SAMPLER_STREAM)).permutation(n)
+
+
+def seed_globals(seed: int, epoch: int, position: int) -> None:
+    """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch."""
+    words = sequence(seed, epoch, BATCH_STREAM, position).generate_state(2, np.uint32)
+    random.seed(int(words[0]) << 32 | int(words[1]))
+    np.random.seed(int(words[0]))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(int(words[0]) << 32 | int(words[1]))
+
+
+@contextmanager
+def preserved_globals() -> Iterator[None]:
+    """Restore the global RNG states afterwards.
+
+    With ``num_workers=0`` batches are seeded in the caller's own process; without this
+    the loader would silently reset the training code's random streams every batch.
+    """
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch = sys.modules.get("torch")
+    torch_state = torch.get_rng_state() if torch is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        if torch_state is not None:
+            torch.set_rng_state(torch_state)

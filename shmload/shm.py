@@ -1,0 +1,132 @@
+"""Shared-memory segments: created, reserved, mapped, and never left behind.
+
+Life of a segment (main process)::
+
+    shm_open(O_CREAT | O_EXCL, 0600, "/shmload-<96 random bits>")
+    shm_unlink(name)              # at once: from here on the segment has no name
+    posix_fallocate(fd, 0, size)  # reserve the pages for real (see below)
+    mmap(fd, MAP_SHARED | MAP_POPULATE)
+    ...fd sent to each worker over its Unix socket (SCM_RIGHTS)...
+
+Why unlink before anyone else attaches: the name exists for a few microseconds inside
+one function of one process, so no crash of any process, not even SIGKILL, can leave an
+entry in /dev/shm. Workers receive the descriptor itself instead of the name, which
+works the same under fork, spawn and forkserver, and for segments created after the
+workers started (ring growth).
+
+Why ``posix_fallocate``: on tmpfs, ``ftruncate`` only promises space; the first touch
+of a page when /dev/shm is full kills the process with SIGBUS. Reserving up front turns
+a shortage into a :class:`SharedMemoryError` at a well-defined moment, with advice.
+
+Memory is freed when the last mapping goes: the main process's views of a retired
+segment keep it alive exactly as long as the user holds them.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import secrets
+
+import numpy as np
+
+from ._platform import MAP_FLAGS
+from .errors import SharedMemoryError
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "/shmload-"
+
+
+def shm_free_bytes() -> int | None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _shortage(size: int, cause: OSError) -> SharedMemoryError:
+    free = shm_free_bytes()
+    free_text = f"{free / 2**20:.1f} MiB are free" if free is not None else f"{SHM_DIR} is not available"
+    return SharedMemoryError(
+        f"could not reserve {size / 2**20:.1f} MiB of shared memory for the loader's ring "
+        f"({free_text} in {SHM_DIR}; {cause.strerror or cause}). Give the container more shared "
+        "memory (docker run --shm-size=..., or a larger /dev/shm), or make the ring smaller: "
+        "lower prefetch_factor, batch_size or num_workers, or set max_shm_bytes."
+    )
+
+
+def _create_anonymous(size: int) -> int:
+    """A descriptor for ``size`` reserved bytes of POSIX shared memory, already unlinked."""
+    import posix_ipc
+
+    for _ in range(8):
+        name = NAME_PREFIX + secrets.token_hex(12)
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
+        except posix_ipc.ExistentialError:
+            continue  # 96 random bits collided: astronomically unlikely, but try another
+        except (posix_ipc.Error, OSError) as exc:
+            raise SharedMemoryError(f"could not create shared memory in {SHM_DIR}: {exc}") from exc
+        shm.unlink()
+        fd = os.dup(shm.fd)
+        shm.close_fd()
+        break
+    else:
+        raise SharedMemoryError("could not find an unused shared-memory name")
+    try:
+        reserve(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def reserve(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise _shortage(size, exc) from exc
+        raise SharedMemoryError(f"could not reserve {size} bytes of shared memory: {exc}") from exc
+
+
+class Segment:
+    """One shared-memory segment owned by the main process."""
+
+    def __init__(self, segment_id: int, size: int):
+        self.id = segment_id
+        self.size = size
+        self.fd = _create_anonymous(size)
+        try:
+            self.mmap = mmap.mmap(self.fd, size, flags=MAP_FLAGS)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        """Give up the main process's own hold. Views the user still holds keep the memory
+        valid (an mmap with live exports cannot be closed, and need not be)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            self.mmap.close()
+        except BufferError:
+            pass  # the user still holds views; the memory goes when they do
+
+
+class AttachedSegment:
+    """A worker's mapping of a segment, from the descriptor the main process sent."""
+
+    def __init__(self, fd: int, size: int):
+        try:
+            self.mmap = mmap.mmap(fd, size, flags=MAP_FLAGS)
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(self.mmap, dtype=np.uint8)
+
+    def close(self) -> None:
+        del self.array
+        self.mmap.close()

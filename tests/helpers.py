@@ -1,0 +1,162 @@
+"""Datasets and functions shared by the tests. Module-level, so spawn and forkserver
+workers can import them."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import time
+
+import numpy as np
+
+Pair = collections.namedtuple("Pair", ["image", "label"])
+
+
+class RangeDataset:
+    """Sample i is i (a Python int)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i
+
+
+class ImageDataset:
+    """A dict sample: a uint8 image filled with i, an int label, a string name."""
+
+    def __init__(self, n: int, shape=(3, 8, 8)):
+        self.n, self.shape = n, shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": np.full(self.shape, i % 256, np.uint8), "label": i, "name": f"sample-{i}"}
+
+
+class AugmentedDataset:
+    """Samples drawn from the global RNGs, as random augmentations are."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        return (np.random.rand(4).astype(np.float32), random.random(), i)
+
+
+class VariableDataset:
+    """Sample i holds an array of length (i % 7 + 1) * scale: batches differ in size."""
+
+    def __init__(self, n: int, scale: int = 1000):
+        self.n, self.scale = n, scale
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full((i % 7 + 1) * self.scale, i, np.int64)
+
+
+class GetitemsDataset(RangeDataset):
+    """Counts __getitems__ calls in the sample itself, so the test can see it was used."""
+
+    def __getitem__(self, i):
+        raise AssertionError("__getitem__ should not be called when __getitems__ exists")
+
+    def __getitems__(self, indices):
+        return [(i, len(indices)) for i in indices]
+
+
+class FailingDataset(RangeDataset):
+    """Raises ValueError on the given indices."""
+
+    def __init__(self, n: int, bad=(5,), exc_type=ValueError):
+        super().__init__(n)
+        self.bad, self.exc_type = set(bad), exc_type
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise self.exc_type(f"bad sample {i}")
+        return i
+
+
+class NeedsTwoArgsError(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+class TwoArgsFailingDataset(RangeDataset):
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            raise NeedsTwoArgsError("x", "y")
+        return i
+
+
+class SlowDataset(RangeDataset):
+    def __init__(self, n: int, delay: float, slow=None):
+        super().__init__(n)
+        self.delay, self.slow = delay, slow
+
+    def __getitem__(self, i: int) -> int:
+        if self.slow is None or i in self.slow:
+            time.sleep(self.delay)
+        return i
+
+
+class ExitingDataset(RangeDataset):
+    """The worker that loads index ``at`` dies: os._exit or SIGKILL."""
+
+    def __init__(self, n: int, at: int, how: str = "exit"):
+        super().__init__(n)
+        self.at, self.how = at, how
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at:
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(7)
+        return i
+
+
+class UnpicklableDataset(RangeDataset):
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.hook = lambda: None  # lambdas cannot be pickled
+
+
+def pair_collate(samples):
+    """A user collate returning a namedtuple of arrays and a plain int."""
+    return Pair(np.stack([np.full(2, s, np.int32) for s in samples]), len(samples))
+
+
+def failing_init(worker_id: int) -> None:
+    raise RuntimeError(f"init failed in worker {worker_id}")
+
+
+def worker_info_sample(i):
+    import shmload
+
+    info = shmload.get_worker_info()
+    return (info.id, info.num_workers, info.seed, type(info.dataset).__name__) if info else None
+
+
+class WorkerInfoDataset(RangeDataset):
+    def __getitem__(self, i):
+        return worker_info_sample(i)
+
+
+def record_init(worker_id: int) -> None:
+    os.environ["SHMLOAD_TEST_INIT"] = str(worker_id)
+
+
+class InitRecordingDataset(RangeDataset):
+    def __getitem__(self, i):
+        return int(os.environ.get("SHMLOAD_TEST_INIT", "-1"))

@@ -1,0 +1,110 @@
+"""Batch layout and default collate: pure, no processes."""
+
+import collections
+
+import numpy as np
+import pytest
+
+from shmload import CollateError, default_collate
+from shmload import layout as L
+
+from .helpers import Pair
+
+
+def test_arrays_are_stacked_and_scalars_become_1d_arrays():
+    samples = [(np.full((2, 3), i, np.float32), i, float(i) / 2, bool(i % 2)) for i in range(4)]
+    images, ints, floats, flags = default_collate(samples)
+    assert images.shape == (4, 2, 3) and images.dtype == np.float32
+    assert images[:, 0, 0].tolist() == [0, 1, 2, 3]
+    assert ints.dtype == np.int64 and ints.tolist() == [0, 1, 2, 3]
+    assert floats.dtype == np.float64 and floats.tolist() == [0, 0.5, 1, 1.5]
+    assert flags.dtype == np.bool_ and flags.tolist() == [False, True, False, True]
+
+
+def test_structure_mirrors_the_sample():
+    samples = [{"pair": Pair(np.zeros(2) + i, i), "tags": [i, "t"], "name": f"n{i}", "none": None}
+               for i in range(3)]
+    batch = default_collate(samples)
+    assert list(batch) == ["pair", "tags", "name", "none"]
+    assert isinstance(batch["pair"], Pair)
+    assert batch["pair"].image.shape == (3, 2)
+    assert batch["pair"].label.tolist() == [0, 1, 2]
+    assert isinstance(batch["tags"], list) and batch["tags"][0].tolist() == [0, 1, 2]
+    assert batch["tags"][1] == ["t", "t", "t"]
+    assert batch["name"] == ["n0", "n1", "n2"]
+    assert batch["none"] == [None, None, None]
+
+
+def test_numpy_scalars_keep_their_dtype():
+    batch = default_collate([np.int16(i) for i in range(3)])
+    assert batch.dtype == np.int16 and batch.tolist() == [0, 1, 2]
+
+
+def test_ordered_dict_type_is_kept():
+    batch = default_collate([collections.OrderedDict(a=1, b=2)] * 2)
+    assert type(batch) is collections.OrderedDict and batch["b"].tolist() == [2, 2]
+
+
+def test_shape_mismatch_names_field_index_and_expectation():
+    samples = [{"image": np.zeros((3, 4))}, {"image": np.zeros((3, 5))}]
+    plan_error = r"field sample\['image'\]: dataset index 11 \(position 1 in the batch\) has an array of shape " \
+                 r"\(3, 5\).*expected an array of shape \(3, 4\) and dtype float64 like dataset index 10"
+    with pytest.raises(CollateError, match=plan_error):
+        L.plan_stack(samples, [10, 11])
+
+
+def test_dtype_mismatch_is_an_error_not_a_silent_cast():
+    with pytest.raises(CollateError, match=r"dtype int32"):
+        default_collate([np.zeros(2, np.int32), np.zeros(2, np.int64)])
+
+
+def test_structure_mismatches_are_named():
+    with pytest.raises(CollateError, match=r"field sample: position 1 in the batch has a list of length 3, expected a list of length 2"):
+        default_collate([[1, 2], [1, 2, 3]])
+    with pytest.raises(CollateError, match=r"keys \['a', 'c'\], expected a mapping with keys \['a', 'b'\]"):
+        default_collate([{"a": 1, "b": 2}, {"a": 1, "c": 2}])
+    with pytest.raises(CollateError, match=r"sample.label: .* has a float, expected a Python int"):
+        default_collate([Pair(np.zeros(1), 1), Pair(np.zeros(1), 1.5)])
+
+
+def test_object_arrays_are_refused():
+    with pytest.raises(CollateError, match="dtype object"):
+        default_collate([np.array([None, 1], dtype=object)] * 2)
+
+
+def test_empty_batch_is_refused():
+    with pytest.raises(CollateError, match="empty batch"):
+        default_collate([])
+
+
+def test_slot_layout_is_aligned_and_packed():
+    plan = L.plan_stack([(np.zeros(3, np.uint8), np.zeros(5, np.float64))] * 2)
+    specs = [leaf for leaf in plan.layout.leaves if type(leaf) is L.ArraySpec]
+    assert [s.offset % L.ALIGN for s in specs] == [0, 0]
+    assert specs[0].offset == 0 and specs[1].offset == 64
+    assert plan.layout.nbytes == 64 + 2 * 5 * 8
+
+
+def test_write_into_a_buffer_then_build_views_round_trips():
+    samples = [{"x": np.arange(6, dtype=np.int32).reshape(2, 3) + i, "y": i, "s": str(i)} for i in range(4)]
+    plan = L.plan_stack(samples)
+    slot = np.zeros(plan.layout.nbytes + 100, np.uint8)
+    L.write(plan, L.slot_destination(slot))
+    batch = L.build(plan.layout, L.slot_destination(slot))
+    expected = default_collate(samples)
+    np.testing.assert_array_equal(batch["x"], expected["x"])
+    np.testing.assert_array_equal(batch["y"], expected["y"])
+    assert batch["s"] == ["0", "1", "2", "3"]
+    assert np.shares_memory(batch["x"], slot)  # views, not copies
+
+
+def test_convert_mode_keeps_arrays_and_passes_other_leaves_through():
+    plan = L.plan_convert({"a": np.ones((2, 2)), "n": 3, "f": 1.5})
+    batch = L.build_local(plan)
+    assert batch["n"] == 3 and type(batch["n"]) is int and batch["f"] == 1.5
+    assert batch["a"].shape == (2, 2)
+
+
+def test_zero_size_arrays_are_fine():
+    batch = default_collate([(np.zeros((0, 3)), np.zeros(2))] * 2)
+    assert batch[0].shape == (2, 0, 3) and batch[1].shape == (2, 2)

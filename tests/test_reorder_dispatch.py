@@ -1,0 +1,58 @@
+"""Reorder buffer and dispatcher: pure, no processes."""
+
+import pytest
+
+from shmload.dispatch import Dispatcher
+from shmload.reorder import ReorderBuffer, ReorderError
+
+
+def test_in_order_delivery_whatever_the_arrival_order():
+    r = ReorderBuffer(in_order=True)
+    for seq in range(4):
+        r.expect(seq)
+    r.put(2, "c")
+    r.put(1, "b")
+    assert r.pop() is None  # 0 has not arrived
+    r.put(0, "a")
+    assert [r.pop(), r.pop(), r.pop(), r.pop()] == [(0, "a"), (1, "b"), (2, "c"), None]
+    r.put(3, "d")
+    assert r.pop() == (3, "d") and len(r) == 0
+
+
+def test_out_of_order_delivers_by_arrival():
+    r = ReorderBuffer(in_order=False)
+    for seq in range(3):
+        r.expect(seq)
+    r.put(2, "c")
+    r.put(0, "a")
+    assert [r.pop(), r.pop(), r.pop()] == [(2, "c"), (0, "a"), None]
+    assert r.missing == {1} and len(r) == 1
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_duplicates_and_unexpected_results_are_errors(in_order):
+    r = ReorderBuffer(in_order=in_order)
+    r.expect(0)
+    r.put(0, "a")
+    with pytest.raises(ReorderError, match="twice"):
+        r.put(0, "again")
+    with pytest.raises(ReorderError, match="before it was dispatched"):
+        r.put(5, "x")
+    with pytest.raises(ReorderError, match="dispatched next"):
+        r.expect(3)
+
+
+def test_dispatcher_prefers_the_least_loaded_worker_and_respects_credits():
+    d = Dispatcher(num_workers=2, per_worker=2)
+    picks = []
+    for seq in range(4):
+        wid = d.pick()
+        picks.append(wid)
+        d.assign(wid, (1, seq), f"task{seq}")
+    assert picks == [0, 1, 0, 1]
+    assert d.pick() is None  # every worker holds prefetch_factor tasks
+    assert d.complete(1, (1, 1)) == "task1"
+    assert d.pick() == 1
+    assert d.held_by(0) == ["task0", "task2"]
+    assert d.mark_dead(0) == ["task0", "task2"]
+    assert d.pick() == 1 and d.in_flight() == 1

@@ -1,0 +1,97 @@
+"""Ring bookkeeping with fake segments: pure, no shared memory."""
+
+import pytest
+
+from shmload import RingFullError
+from shmload.ring import Ring, SlotState, page_round
+
+PAGE = page_round(1)
+
+
+class FakeSegment:
+    def __init__(self, sid, size):
+        self.id, self.size, self.closed = sid, size, False
+
+    def close(self):
+        self.closed = True
+
+
+def make_ring(min_slots=3, max_bytes=1 << 30):
+    events = []
+    ring = Ring(FakeSegment, min_slots, max_bytes,
+                on_attach=lambda s: events.append(("attach", s.id)),
+                on_detach=lambda s: events.append(("detach", s.id)))
+    return ring, events
+
+
+def test_first_sizing_creates_min_slots_of_page_rounded_size():
+    ring, events = make_ring()
+    assert ring.take() is None and ring.slot_bytes == 0
+    ring.grow_capacity(100)
+    assert ring.slot_bytes == PAGE and ring.num_slots == 3 and ring.nbytes == 3 * PAGE
+    assert events == [("attach", 0)]
+    offsets = sorted(ring.take().offset for _ in range(3))
+    assert offsets == [0, PAGE, 2 * PAGE] and ring.take() is None
+
+
+def test_a_slot_is_only_reused_after_release():
+    ring, _ = make_ring(min_slots=1)
+    ring.grow_capacity(10)
+    slot = ring.take()
+    assert ring.take() is None
+    slot.state = SlotState.HELD
+    ring.release(slot)
+    assert ring.take() is slot
+    ring.release(slot)
+    with pytest.raises(RuntimeError, match="released twice"):
+        ring.release(slot)
+
+
+def test_capacity_growth_retires_old_slots_when_they_come_back():
+    ring, events = make_ring(min_slots=2)
+    ring.grow_capacity(PAGE)
+    busy = ring.take()
+    ring.grow_capacity(3 * PAGE)
+    assert ring.slot_bytes >= 3 * PAGE and ring.num_slots == 2
+    # the free old slot was dropped at once; the busy one keeps segment 0 alive
+    assert ring.counts() == {"free": 2, "assigned": 1, "ready": 0, "held": 0}
+    assert ("detach", 0) not in events
+    ring.release(busy)
+    assert ("detach", 0) in events and ring.nbytes == 2 * ring.slot_bytes
+    assert ring.take(3 * PAGE).capacity == ring.slot_bytes
+
+
+def test_growth_is_geometric():
+    ring, _ = make_ring(min_slots=1)
+    ring.grow_capacity(100 * PAGE)
+    ring.grow_capacity(100 * PAGE + 1)
+    assert ring.slot_bytes >= 125 * PAGE
+
+
+def test_add_slots_doubles_within_the_bound():
+    ring, _ = make_ring(min_slots=2, max_bytes=5 * PAGE)
+    ring.grow_capacity(PAGE)
+    ring.add_slots()
+    assert ring.num_slots == 4
+    ring.add_slots()  # only one more fits
+    assert ring.num_slots == 5
+    for _ in range(5):
+        ring.take().state = SlotState.HELD
+    with pytest.raises(RingFullError, match=r"holds 5 batches.*Copy batches you keep.*raise max_shm_bytes"):
+        ring.add_slots()
+
+
+def test_capacity_growth_past_the_bound_is_refused():
+    ring, _ = make_ring(min_slots=2, max_bytes=4 * PAGE)
+    ring.grow_capacity(PAGE)
+    with pytest.raises(RingFullError, match="grow its slots"):
+        ring.grow_capacity(3 * PAGE)
+
+
+def test_release_after_close_is_ignored():
+    ring, _ = make_ring()
+    ring.grow_capacity(1)
+    slot = ring.take()
+    ring.close()
+    ring.release(slot)  # a batch the user dropped after the loader closed
+    assert ring.nbytes == 0
