@@ -53,7 +53,8 @@ class SingleProcessEpoch:
 
 class MultiprocessEpoch:
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 batches: Iterator, epoch: int, length: int | None):
+                 batches: Iterator, epoch: int, length: int | None, loader: Any):
+        self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
         self._cfg, self._session, self._batches = cfg, session, batches
         self._epoch, self._length = epoch, length
         self._iteration = session.begin_iteration()

@@ -187,10 +187,10 @@ class DataLoader:
             if sessions.persistent is None or sessions.persistent.closed:
                 sessions.persistent = Session(cfg)
                 sessions.live.add(sessions.persistent)
-            return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length)
+            return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length, self)
         session = Session(cfg)
         sessions.live.add(session)
-        return MultiprocessEpoch(cfg, session, True, batches, epoch, length)
+        return MultiprocessEpoch(cfg, session, True, batches, epoch, length, self)
 
     def _length(self) -> int | None:
         try:

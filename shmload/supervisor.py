@@ -25,7 +25,7 @@ TERM_TIMEOUT = 1.0
 
 
 class WorkerHandle:
-    __slots__ = ("id", "process", "conn", "pid", "ready", "exited")
+    __slots__ = ("id", "process", "conn", "pid", "ready", "exited", "exitcode")
 
     def __init__(self, wid: int, process: Any, conn: Any):
         self.id = wid
@@ -34,9 +34,10 @@ class WorkerHandle:
         self.pid = process.pid
         self.ready = False
         self.exited = False
+        self.exitcode: int | None = None
 
     def exit_description(self) -> str:
-        code = self.process.exitcode
+        code = self.exitcode if self.exitcode is not None else self.process.exitcode
         if code is None:
             return "is still running"
         if code < 0:
@@ -98,9 +99,12 @@ class Supervisor:
     # ------------------------------------------------------------ talking
     def send(self, wid: int, msg: Any, fd: int | None = None) -> None:
         handle = self.workers[wid]
-        handle.conn.send(msg)
-        if fd is not None:
-            reduction.send_handle(handle.conn, fd, handle.pid)
+        try:
+            handle.conn.send(msg)
+            if fd is not None:
+                reduction.send_handle(handle.conn, fd, handle.pid)
+        except OSError:
+            pass  # the worker died: poll() reports it through its sentinel, with what it held
 
     def live(self) -> list[WorkerHandle]:
         return [h for h in self.workers if not h.exited]
@@ -151,7 +155,8 @@ class Supervisor:
                 h.process.join(max(0.0, deadline - time.monotonic()))
         for h in self.workers:
             h.exited = True
-            if h.process.exitcode is not None:
+            if h.process.exitcode is not None and h.exitcode is None:
+                h.exitcode = h.process.exitcode
                 h.process.close()
 
     @property

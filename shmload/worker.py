@@ -1,10 +1,11 @@
 """The worker loop: receive a task, load and collate the batch straight into its slot,
 report completion. Runs in each worker process.
 
-A worker never waits for space: the main process sends each task with a free slot
-(credit-based dispatch). If the batch is larger than the slot, the worker keeps the
-collated batch, says :class:`NeedSpace`, and goes on with its next task until a
-:class:`Reassign` names a larger slot; nothing is loaded twice.
+A worker does not wait for space in steady state: the main process sends each task with
+a free slot (credit-based dispatch). Only when a batch is larger than its slot (the first
+batch, before the ring is sized; variable-size data) does the worker keep the collated
+batch, say :class:`NeedSpace`, and wait for the :class:`Reassign` that names a larger
+slot; nothing is loaded twice.
 
 A worker exits when told (:class:`Shutdown`), when its socket reaches end-of-file (the
 main process closed it, or died: see ``_platform`` for why no other process holds that
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections import deque
 import signal
 import traceback
 from multiprocessing import reduction
@@ -92,7 +94,7 @@ class _WorkerLoop:
         self.conn = args.conn
         self.parent = os.getppid()
         self.segments: dict[int, AttachedSegment] = {}
-        self.pending: dict[tuple[int, int], _layout.Plan] = {}
+        self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
 
     # ------------------------------------------------------------ start-up
@@ -123,30 +125,45 @@ class _WorkerLoop:
         except Exception as exc:
             if not isinstance(msg, Done):
                 raise
-            err = WorkerError(f"the batch holds a value that cannot be pickled to the main process: {exc}")
-            data = reduction.ForkingPickler.dumps(
-                Failed(msg.iteration, msg.seq, msg.worker_id, RemoteError.capture(err, traceback.format_exc())))
+            try:
+                raise WorkerError("the batch holds a value that cannot be pickled to the main process "
+                                  f"(only arrays go through shared memory; other leaves are pickled): {exc}") from exc
+            except WorkerError as err:
+                remote = RemoteError.capture(err, traceback.format_exc())
+            data = reduction.ForkingPickler.dumps(Failed(msg.iteration, msg.seq, msg.worker_id, remote))
         self.conn.send_bytes(data)
 
     def run(self) -> None:
         while True:
-            msg = self.recv()
-            kind = type(msg)
-            if kind is Task:
+            msg = self.backlog.popleft() if self.backlog else self.recv()
+            if type(msg) is Task:
                 self.load(msg)
-            elif kind is Reassign:
-                plan = self.pending.pop((msg.iteration, msg.seq))
-                if msg.slot is not None:
-                    self.place(msg.iteration, msg.seq, plan, msg.slot)
-            elif kind is Attach:
-                fd = reduction.recv_handle(self.conn)
-                self.segments[msg.segment] = AttachedSegment(fd, msg.size)
-            elif kind is Detach:
-                self.segments.pop(msg.segment).close()
-            elif kind is Shutdown:
+            elif type(msg) is Shutdown:
                 return
             else:
-                raise TypeError(f"worker got an unknown message {msg!r}")
+                self.control(msg)
+
+    def control(self, msg: Any) -> None:
+        if type(msg) is Attach:
+            fd = reduction.recv_handle(self.conn)
+            self.segments[msg.segment] = AttachedSegment(fd, msg.size)
+        elif type(msg) is Detach:
+            self.segments.pop(msg.segment).close()
+        else:
+            raise TypeError(f"worker got an unexpected message {msg!r}")
+
+    def await_reassign(self, iteration: int, seq: int) -> SlotRef | None:
+        """Wait for the larger slot. Tasks that arrive meanwhile wait in the backlog: the
+        batch at hand is the oldest this worker holds, so it goes first (in-order delivery
+        would wait for it anyway). This costs one round trip, only when the ring grows."""
+        while True:
+            msg = self.recv()
+            if type(msg) is Reassign and (msg.iteration, msg.seq) == (iteration, seq):
+                return msg.slot
+            if type(msg) in (Task, Shutdown):
+                self.backlog.append(msg)
+            else:
+                self.control(msg)
 
     # ------------------------------------------------------------ the data path
     def load(self, task: Task) -> None:
@@ -165,10 +182,11 @@ class _WorkerLoop:
         if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
             self.send(Done(iteration, seq, self.args.worker_id, slot, plan.layout))
             return
-        if slot is None or plan.layout.nbytes > slot.capacity:
-            self.pending[(iteration, seq)] = plan
+        while slot is None or plan.layout.nbytes > slot.capacity:
             self.send(NeedSpace(iteration, seq, self.args.worker_id, plan.layout.nbytes))
-            return
+            slot = self.await_reassign(iteration, seq)
+            if slot is None:
+                return  # its epoch was abandoned
         try:
             target = self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
             _layout.write(plan, _layout.slot_destination(target))

@@ -1,0 +1,135 @@
+"""The public API: names, torch-compatible arguments and their errors."""
+
+import inspect
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import shmload
+from shmload import DataLoader, RandomSampler, SequentialSampler
+
+from .helpers import ImageDataset, RangeDataset
+
+TORCH_KEYWORDS = ["dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+                  "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+                  "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order"]
+
+
+def test_public_exports_do_not_drift():
+    assert sorted(shmload.__all__) == sorted([
+        "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
+        "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError",
+        "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
+        "get_worker_info"])
+    for name in shmload.__all__:
+        assert hasattr(shmload, name)
+
+
+def test_error_hierarchy():
+    for name in ("CollateError", "LoaderTimeoutError", "SharedMemoryError", "RingFullError", "WorkerError",
+                 "WorkerStartupError", "WorkerDiedError", "OptionalDependencyError"):
+        assert issubclass(getattr(shmload, name), shmload.ShmloadError)
+    assert issubclass(shmload.WorkerError, RuntimeError)
+    assert issubclass(shmload.LoaderTimeoutError, TimeoutError) and issubclass(shmload.LoaderTimeoutError, RuntimeError)
+
+
+def test_signature_keeps_torch_positional_order():
+    params = list(inspect.signature(DataLoader).parameters)
+    assert params[:13] == TORCH_KEYWORDS[:13]
+    assert set(TORCH_KEYWORDS) <= set(params)
+    assert {"seed", "output", "slot_bytes", "max_shm_bytes"} <= set(params)
+
+
+def test_positional_arguments_work_like_torch():
+    loader = DataLoader(RangeDataset(6), 3, False)
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_attributes_tools_read_to_rebuild_loaders():
+    ds = RangeDataset(10)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, drop_last=True, seed=3)
+    assert loader.dataset is ds and loader.batch_size == 4 and loader.num_workers == 2 and loader.drop_last
+    assert isinstance(loader.sampler, RandomSampler) and loader.batch_sampler.sampler is loader.sampler
+    assert loader.collate_fn is shmload.default_collate and loader.prefetch_factor == 2
+    assert loader.multiprocessing_context.get_start_method() == "fork"
+    assert len(loader) == 2
+    with pytest.raises(ValueError, match="batch_size attribute should not be set after DataLoader is initialized"):
+        loader.batch_size = 8
+
+
+def test_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'num_wokers'"):
+        DataLoader(RangeDataset(3), num_wokers=2)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(pin_memory=True), "pin_memory=True is not supported"),
+    (dict(pin_memory_device="cuda"), "pin_memory_device='cuda' is not supported"),
+    (dict(num_workers=-1), "num_workers should be a non-negative integer"),
+    (dict(timeout=-1), "timeout option should be non-negative"),
+    (dict(prefetch_factor=0), "prefetch_factor should be an integer >= 1"),
+    (dict(shuffle=True, sampler=[0, 1]), "sampler option is mutually exclusive with shuffle"),
+    (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive with batch_size"),
+    (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
+    (dict(batch_size=None, drop_last=True), "batch_size=None option disables auto-batching"),
+    (dict(batch_size=0), "batch_size should be an integer >= 1"),
+    (dict(output="jax"), "output should be 'numpy' or 'torch'"),
+    (dict(seed=-3), "seed should be a non-negative integer"),
+    (dict(slot_bytes=0), "slot_bytes should be an integer >= 1"),
+    (dict(multiprocessing_context="threads", num_workers=1), "'threads' is not a start method"),
+    (dict(persistent_workers="yes"), "persistent_workers should be True or False"),
+])
+def test_bad_arguments_are_refused_with_a_clear_message(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DataLoader(RangeDataset(3), **kwargs)
+
+
+def test_defaults_that_torch_refuses_without_workers_are_accepted():
+    loader = DataLoader(RangeDataset(4), batch_size=2, prefetch_factor=4, persistent_workers=True, pin_memory=False)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_non_map_style_dataset_is_refused():
+    with pytest.raises(TypeError, match=r"map-style dataset with __getitem__ and __len__, but generator has no"):
+        DataLoader((i for i in range(3)))
+
+
+def test_multiprocessing_context_object_is_accepted():
+    ctx = multiprocessing.get_context("fork")
+    loader = DataLoader(RangeDataset(4), batch_size=2, num_workers=1, multiprocessing_context=ctx)
+    assert loader.multiprocessing_context is ctx and [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_set_epoch_is_forwarded_to_a_user_sampler():
+    class EpochSampler(SequentialSampler):
+        epochs = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+    sampler = EpochSampler(range(4))
+    loader = DataLoader(RangeDataset(4), sampler=sampler)
+    loader.set_epoch(7)
+    assert sampler.epochs == [7]
+    with pytest.raises(ValueError, match="epoch should be a non-negative integer"):
+        loader.set_epoch(-1)
+
+
+def test_repr_shows_the_ring_memory():
+    loader = DataLoader(ImageDataset(16, shape=(1 << 16,)), batch_size=4, num_workers=2, persistent_workers=True)
+    assert "no workers running" in repr(loader)
+    with loader:
+        it = iter(loader)
+        next(it)
+        assert "ring 6 slots x 0.25 MiB = 1.5 MiB of shared memory" in repr(loader)
+        del it
+
+
+def test_num_workers_zero_matches_workers_exactly():
+    ds = ImageDataset(20)
+    a = [(b["image"].copy(), b["label"].copy(), b["name"]) for b in DataLoader(ds, batch_size=6, num_workers=0)]
+    b = [(b["image"].copy(), b["label"].copy(), b["name"]) for b in DataLoader(ds, batch_size=6, num_workers=2)]
+    assert len(a) == len(b) == 4
+    for (x0, y0, n0), (x1, y1, n1) in zip(a, b):
+        assert np.array_equal(x0, x1) and x0.dtype == x1.dtype and np.array_equal(y0, y1) and n0 == n1
