@@ -27,18 +27,24 @@ from .session import LoadFailed, Session
 POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
 
 
-class SingleProcessEpoch:
-    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None):
-        self._cfg, self._batches, self._epoch, self._length = cfg, batches, epoch, length
-        self._seq = 0
+class _Epoch:
+    """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's."""
 
-    def __iter__(self) -> SingleProcessEpoch:
+    _length: int | None
+
+    def __iter__(self) -> _Epoch:
         return self
 
     def __len__(self) -> int:
         if self._length is None:
             raise TypeError("this loader's sampler has no len()")
         return self._length
+
+
+class SingleProcessEpoch(_Epoch):
+    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None):
+        self._cfg, self._batches, self._epoch, self._length = cfg, batches, epoch, length
+        self._seq = 0
 
     def __next__(self) -> Any:
         indices = next(self._batches)
@@ -51,7 +57,7 @@ class SingleProcessEpoch:
         return _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
 
 
-class MultiprocessEpoch:
+class MultiprocessEpoch(_Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
                  batches: Iterator, epoch: int, length: int | None, loader: Any):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
@@ -67,14 +73,6 @@ class MultiprocessEpoch:
         # collection and interpreter exit all stop them.
         self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
         self._done = False
-
-    def __iter__(self) -> MultiprocessEpoch:
-        return self
-
-    def __len__(self) -> int:
-        if self._length is None:
-            raise TypeError("this loader's sampler has no len()")
-        return self._length
 
     def __next__(self) -> Any:
         if self._done:

@@ -146,7 +146,12 @@ class Session:
 
     # ------------------------------------------------------------ results
     def poll(self, timeout: float) -> list[Loaded | LoadFailed]:
-        """Results of the current iteration that arrived within ``timeout`` seconds."""
+        """Results of the current iteration that arrived within ``timeout`` seconds.
+
+        Growing the ring may raise (RingFullError, SharedMemoryError); it happens here,
+        before any message is read, so an error never loses results already received."""
+        self.collect_releases()
+        self._serve_space_wanted()
         messages, dead = self.supervisor.poll(timeout)
         results = []
         for wid, msg in messages:
@@ -177,8 +182,7 @@ class Session:
             entry = self.dispatcher.task(wid, key)
             self._give_back(entry.slot)
             self.dispatcher.assign(wid, key, entry._replace(slot=None))
-            self._space_wanted.append((wid, msg))
-            self._serve_space_wanted()
+            self._space_wanted.append((wid, msg))  # served by the next poll() or try_dispatch()
             return None
         entry = self.dispatcher.complete(wid, key)
         if msg.iteration != self.iteration:

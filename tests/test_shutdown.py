@@ -103,11 +103,13 @@ def run_script(body, **kwargs):
                           timeout=60, **kwargs)
 
 
-def test_interpreter_exit_with_live_workers_is_clean_and_silent():
-    result = run_script("""
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_interpreter_exit_with_live_workers_is_clean_and_silent(method):
+    result = run_script(f"""
         import shmload
         from tests.helpers import ImageDataset
-        loader = shmload.DataLoader(ImageDataset(100), batch_size=4, num_workers=2, persistent_workers=True)
+        loader = shmload.DataLoader(ImageDataset(100), batch_size=4, num_workers=2, persistent_workers=True,
+                                    multiprocessing_context={method!r})
         it = iter(loader)
         batch = next(it)
         print(*loader._sessions.persistent.supervisor.pids)
