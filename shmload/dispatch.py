@@ -15,13 +15,12 @@ class Dispatcher:
     def __init__(self, num_workers: int, per_worker: int):
         self.per_worker = per_worker
         self._tasks: list[dict[tuple[int, int], Any]] = [{} for _ in range(num_workers)]
-        self._alive = [True] * num_workers
 
     def pick(self) -> int | None:
         """The worker to send the next task to, or None if every worker is full."""
         best, best_load = None, self.per_worker
         for wid, tasks in enumerate(self._tasks):
-            if self._alive[wid] and len(tasks) < best_load:
+            if len(tasks) < best_load:
                 best, best_load = wid, len(tasks)
         return best
 
@@ -37,12 +36,3 @@ class Dispatcher:
     def held_by(self, wid: int) -> list:
         """The tasks worker ``wid`` holds, oldest first."""
         return list(self._tasks[wid].values())
-
-    def mark_dead(self, wid: int) -> list:
-        self._alive[wid] = False
-        tasks = list(self._tasks[wid].values())
-        self._tasks[wid].clear()
-        return tasks
-
-    def in_flight(self) -> int:
-        return sum(len(t) for t in self._tasks)

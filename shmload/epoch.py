@@ -52,8 +52,12 @@ class SingleProcessEpoch(_Epoch):
         cfg = self._cfg
         with seeding.preserved_globals():
             seeding.seed_globals(cfg.seed, self._epoch, seq)
-            samples = fetch(cfg.dataset, indices, cfg.auto_batch)
-            plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
+            try:
+                samples = fetch(cfg.dataset, indices, cfg.auto_batch)
+                plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
+            except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
+                raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
+                                   f"(dataset indices {indices})") from exc
         return _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
 
 
@@ -99,6 +103,7 @@ class MultiprocessEpoch(_Epoch):
                 return self._yield(popped[1])
             if self._exhausted and len(self._reorder) == 0:
                 raise StopIteration
+            self._session.check_progress(self._reorder.head)
             wait = POLL_INTERVAL
             if self._cfg.timeout > 0:
                 now = time.monotonic()

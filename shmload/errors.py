@@ -16,6 +16,14 @@ import pickle
 from typing import NamedTuple
 
 
+def format_bytes(n: float) -> str:
+    """``n`` bytes for a message: 512 B, 32.0 KiB, 9.19 MiB, 1.50 GiB."""
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 2), ("KiB", 2**10, 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{int(n)} B"
+
+
 class ShmloadError(Exception):
     """Base class of every error shmload raises of its own."""
 
@@ -87,6 +95,8 @@ class RemoteError(NamedTuple):
             # KeyError's str() is the repr of its argument, which would print the
             # traceback as one long line of escaped newlines.
             exc_type = _KeyErrorWithMessage
+        if isinstance(exc_type, type) and issubclass(exc_type, StopIteration):
+            exc_type = None  # raised from next(), it would silently end the caller's for-loop
         if isinstance(exc_type, type) and issubclass(exc_type, BaseException):
             try:
                 return exc_type(text)

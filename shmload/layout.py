@@ -28,6 +28,7 @@ Two planning modes:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Sequence
@@ -65,7 +66,7 @@ class ArraySpec(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class ObjectValue(NamedTuple):
@@ -89,6 +90,7 @@ class Plan(NamedTuple):
     sources: tuple  # per leaf: list of arrays / scalars to stack, one array, or None
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
 
 
@@ -109,7 +111,10 @@ def _as_array(value: Any, tensor_type) -> np.ndarray | None:
 
 
 def _describe_value(value: Any) -> str:
-    arr = _as_array(value, _torch_tensor_type())
+    try:
+        arr = _as_array(value, _torch_tensor_type())
+    except TypeError:  # a tensor numpy cannot represent
+        return f"a {type(value).__name__} of dtype {getattr(value, 'dtype', '?')}"
     if arr is not None:
         return f"an array of shape {tuple(arr.shape)} and dtype {arr.dtype}"
     if isinstance(value, (tuple, list)):
@@ -133,6 +138,7 @@ class _Batcher:
         self.indices = indices
         self.kinds: list = []  # per leaf: ("array", shape, dtype) | ("scalar", type) | ("object",)
         self.columns: list[list] = []
+        self.paths: list[str] = []
         self.tensor_type = _torch_tensor_type()
 
     def where(self, pos: int) -> str:
@@ -161,8 +167,15 @@ class _Batcher:
             return Map(None if type(value) is dict else type(value), keys, kids)
         return self.new_leaf(value, path)
 
+    def array_of(self, value: Any, path: str, pos: int) -> np.ndarray | None:
+        try:
+            return _as_array(value, self.tensor_type)
+        except TypeError as exc:  # e.g. a bfloat16 tensor
+            raise self.fail(path, pos, _describe_value(value), "an array numpy can represent",
+                            f"({exc}) Convert it in the dataset, e.g. tensor.float().") from None
+
     def new_leaf(self, value: Any, path: str) -> Leaf:
-        arr = _as_array(value, self.tensor_type)
+        arr = self.array_of(value, path, 0)
         if arr is not None:
             if arr.dtype.hasobject:
                 raise self.fail(path, 0, f"an array of dtype {arr.dtype}", "an array of a plain (non-object) dtype",
@@ -175,6 +188,7 @@ class _Batcher:
             kind = ("object",)
         self.kinds.append(kind)
         self.columns.append([value])
+        self.paths.append(path)
         return Leaf(len(self.kinds) - 1)
 
     def match(self, node: Any, value: Any, path: str, pos: int) -> None:
@@ -197,7 +211,7 @@ class _Batcher:
     def match_leaf(self, leaf_id: int, value: Any, path: str, pos: int) -> None:
         kind = self.kinds[leaf_id]
         if kind[0] == "array":
-            arr = _as_array(value, self.tensor_type)
+            arr = self.array_of(value, path, pos)
             if arr is None or arr.shape != kind[1] or arr.dtype != kind[2]:
                 got = _describe_value(value)
                 raise self.fail(path, pos, got, f"an array of shape {tuple(kind[1])} and dtype {kind[2]}",
@@ -212,7 +226,11 @@ class _Batcher:
     def plan(self, structure: Any) -> Plan:
         leaves, sources, offset = [], [], 0
         batch = len(self.columns[0]) if self.columns else 0
-        for kind, column in zip(self.kinds, self.columns):
+        for kind, column, path in zip(self.kinds, self.columns, self.paths):
+            if kind == ("scalar", int) and not (_INT64_MIN <= min(column) and max(column) <= _INT64_MAX):
+                bad = next(v for v in column if not _INT64_MIN <= v <= _INT64_MAX)
+                raise CollateError(f"cannot batch field {path}: the Python int {bad} does not fit in int64, "
+                                   "which Python ints are batched as; return it as a str or a float instead.")
             if kind[0] == "object":
                 leaves.append(ObjectValue(column if self.stack else column[0]))
                 sources.append(None)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import layout as _layout
+from .errors import CollateError
 from .ring import Slot, SlotState
 
 
@@ -46,13 +47,19 @@ class ReleaseQueue:
 
 
 def to_torch(array: np.ndarray) -> Any:
-    return sys.modules["torch"].from_numpy(array)
+    try:
+        return sys.modules["torch"].from_numpy(array)
+    except TypeError as exc:
+        raise CollateError(f"output='torch' cannot hold an array of dtype {array.dtype} and shape {array.shape} "
+                           f"({exc}); convert it in the dataset, or use output='numpy'") from None
 
 
 def deliver(slot: Slot | None, layout: _layout.Layout, releases: ReleaseQueue, output: str) -> Any:
     """The user's batch: views into ``slot``; the slot is HELD until they are all gone."""
-    if slot is None:  # no array leaves
-        return _layout.build(layout, lambda spec: None)
+    if slot is None:  # no array bytes: only Python objects, or arrays of size zero
+        make = (lambda spec: to_torch(np.empty(spec.shape, spec.dtype))) if output == "torch" else \
+            (lambda spec: np.empty(spec.shape, spec.dtype))
+        return _layout.build(layout, make)
     owner = np.frombuffer(slot.segment.mmap, dtype=np.uint8, count=slot.capacity, offset=slot.offset)
     slot.state = SlotState.HELD
     releases.watch(owner, slot)

@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 from . import _platform, seeding
+from ._checks import check_int
 from .collate import default_collate
 from .config import LoaderConfig
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
@@ -22,6 +23,9 @@ from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .session import Session
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
+# Read again at the next iter(), as torch does: setting them takes effect then.
+_SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
+             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes")
 
 
 def _check_map_style(dataset: Any) -> None:
@@ -34,14 +38,6 @@ def _check_map_style(dataset: Any) -> None:
     if missing:
         raise TypeError(f"dataset should be a map-style dataset with __getitem__ and __len__, but "
                         f"{type(dataset).__name__} has no {' or '.join(missing)}")
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} should be {expected}{' or None' if allow_none else ''}, but got {name}={value!r}")
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -79,11 +75,11 @@ class DataLoader:
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None):
         _check_map_style(dataset)
-        _check_int("num_workers", num_workers, 0)
-        _check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
-        _check_int("seed", seed, 0, allow_none=True)
-        _check_int("slot_bytes", slot_bytes, 1, allow_none=True)
-        _check_int("max_shm_bytes", max_shm_bytes, 1, allow_none=True)
+        check_int("num_workers", num_workers, 0)
+        check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+        check_int("seed", seed, 0, allow_none=True)
+        check_int("slot_bytes", slot_bytes, 1, allow_none=True)
+        check_int("max_shm_bytes", max_shm_bytes, 1, allow_none=True)
         for name, flag in (("persistent_workers", persistent_workers), ("in_order", in_order),
                            ("drop_last", drop_last)):
             _check_bool(name, flag)
@@ -120,7 +116,7 @@ class DataLoader:
                 raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
                                  "with drop_last")
         else:
-            _check_int("batch_size", batch_size, 1)
+            check_int("batch_size", batch_size, 1)
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
 
@@ -154,22 +150,39 @@ class DataLoader:
         self.output = output
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
-        self._cfg = LoaderConfig(
-            dataset=dataset, auto_batch=auto_batch,
-            collate_fn=None if collate_fn is default_collate else collate_fn,
-            num_workers=num_workers, prefetch_factor=self.prefetch_factor,
-            persistent_workers=persistent_workers, timeout=float(timeout), worker_init_fn=worker_init_fn,
-            in_order=in_order, seed=self.seed, context=context, output=output,
-            slot_bytes=slot_bytes, max_shm_bytes=max_shm_bytes)
+        self._auto_batch = auto_batch
+        self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._next_epoch = 0
         self._sessions = _Sessions()
         self._finalizer = weakref.finalize(self, _Sessions.close, self._sessions)
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if getattr(self, "_initialized", False) and name in _FROZEN_AFTER_INIT:
-            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        if getattr(self, "_initialized", False):
+            if name in _FROZEN_AFTER_INIT:
+                raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+            if name in _SETTINGS:
+                super().__setattr__("_cfg", None)
         super().__setattr__(name, value)
+
+    def _config(self) -> LoaderConfig:
+        """The settings for the next epoch, checked again since attributes may have been set."""
+        if self._cfg is None:
+            check_int("num_workers", self.num_workers, 0)
+            check_int("prefetch_factor", self.prefetch_factor, 1)
+            check_int("seed", self.seed, 0)
+            if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
+                self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
+            collate_fn = self.collate_fn
+            self._cfg = LoaderConfig(
+                dataset=self.dataset, auto_batch=self._auto_batch,
+                collate_fn=None if collate_fn is default_collate else collate_fn,
+                num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
+                persistent_workers=self.persistent_workers, timeout=float(self.timeout),
+                worker_init_fn=self.worker_init_fn, in_order=self.in_order, seed=self.seed,
+                context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
+                max_shm_bytes=self.max_shm_bytes)
+        return self._cfg
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
@@ -177,13 +190,15 @@ class DataLoader:
         self._next_epoch += 1
         if self._own_sampler and isinstance(self.sampler, RandomSampler):
             self.sampler.set_epoch(epoch)
-        cfg = self._cfg
+        cfg = self._config()
         batches = iter(self.batch_sampler) if cfg.auto_batch else iter(self.sampler)
         length = self._length()
         if cfg.num_workers == 0:
             return SingleProcessEpoch(cfg, batches, epoch, length)
         sessions = self._sessions
         if cfg.persistent_workers:
+            if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
+                sessions.persistent.close()  # settings changed since its workers started
             if sessions.persistent is None or sessions.persistent.closed:
                 sessions.persistent = Session(cfg)
                 sessions.live.add(sessions.persistent)
@@ -204,7 +219,7 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` epoch ``epoch`` (later ones continue epoch+1, ...); also
         forwarded to a sampler or batch sampler of yours that has ``set_epoch``."""
-        _check_int("epoch", epoch, 0)
+        check_int("epoch", epoch, 0)
         self._next_epoch = int(epoch)
         if not self._own_sampler and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)

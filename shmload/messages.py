@@ -1,9 +1,9 @@
 """Control messages between the main process and its workers.
 
 Every message is a small typed record; array data never travels in one. Each worker has
-one duplex Unix socket to the main process (``multiprocessing.Pipe``), which carries
-these messages in both directions and, right after an :class:`Attach`, the segment's
-file descriptor (``SCM_RIGHTS``). Why a socket and not a POSIX message queue: queues are
+one Unix socket pair to the main process, which carries these messages in both
+directions and, right after an :class:`Attach`, the segment's file descriptor
+(``SCM_RIGHTS``); see ``channel.py`` for why the main process's end never blocks. Why a socket and not a POSIX message queue: queues are
 capped at 10 messages and 8 KB by default, ``/dev/mqueue`` is often not mounted in
 containers, and they cannot carry file descriptors.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .errors import RemoteError
-from .layout import Layout
 
 
 class SlotRef(NamedTuple):
@@ -80,11 +79,11 @@ class StartupFailed(NamedTuple):
 
 
 class Done(NamedTuple):
+    """The batch is in its slot (or, if it holds no arrays, needs none)."""
+
     iteration: int
     seq: int
-    worker_id: int
-    slot: SlotRef | None  # None for a batch with no arrays (only small Python objects)
-    layout: Layout
+    layout: bytes  # the pickled Layout, loaded by the session where a failure can be reported
 
 
 class NeedSpace(NamedTuple):
@@ -93,12 +92,10 @@ class NeedSpace(NamedTuple):
 
     iteration: int
     seq: int
-    worker_id: int
     nbytes: int
 
 
 class Failed(NamedTuple):
     iteration: int
     seq: int
-    worker_id: int
     error: RemoteError

@@ -17,9 +17,9 @@ class ReorderError(RuntimeError):
 
 
 class ReorderBuffer:
-    def __init__(self, in_order: bool = True, start: int = 0):
+    def __init__(self, in_order: bool = True):
         self.in_order = in_order
-        self._next_expected = start  # the next seq expect() may announce
+        self._next_expected = 0  # the next seq expect() may announce
         self._waiting: set[int] = set()  # expected, not yet put
         self._ready: dict[int, Any] = {}
         self._order: deque[int] = deque()  # delivery order: by seq, or by arrival
@@ -47,6 +47,11 @@ class ReorderBuffer:
             return None
         seq = self._order.popleft()
         return seq, self._ready.pop(seq)
+
+    @property
+    def head(self) -> int | None:
+        """The seq that must be delivered next (in order), or None."""
+        return self._order[0] if self.in_order and self._order else None
 
     def __len__(self) -> int:
         """How many results are expected or ready but not yet delivered."""

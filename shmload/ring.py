@@ -30,7 +30,7 @@ import enum
 import mmap
 from typing import Any, Callable
 
-from .errors import RingFullError
+from .errors import RingFullError, format_bytes
 from .messages import SlotRef
 
 GROWTH = 1.25
@@ -67,17 +67,15 @@ class Slot:
         return f"Slot(segment={self.segment.id}, offset={self.offset}, {self.state.value})"
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
 class Ring:
     def __init__(self, make_segment: Callable[[int, int], Any], min_slots: int, max_bytes: int,
+                 bound_source: str = "max_shm_bytes",
                  on_attach: Callable[[Any], None] = lambda seg: None,
                  on_detach: Callable[[Any], None] = lambda seg: None):
         self._make_segment = make_segment
         self.min_slots = min_slots
         self.max_bytes = max_bytes
+        self.bound_source = bound_source  # where max_bytes came from, for error messages
         self._on_attach, self._on_detach = on_attach, on_detach
         self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
         self._segments: dict[int, Any] = {}
@@ -138,12 +136,16 @@ class Ring:
 
     # ------------------------------------------------------------ growth
     def grow_capacity(self, nbytes: int) -> None:
-        """Replace the slots with larger ones holding at least ``nbytes``."""
+        """Replace the slots with larger ones holding at least ``nbytes``: as many as the
+        ring had (at least ``min_slots``), or as many as fit under the bound."""
         capacity = page_round(max(nbytes, int(self.slot_bytes * GROWTH)) if self.slot_bytes else nbytes)
-        count = max(self.min_slots, self.num_slots)
-        retiring_free = sum(s.capacity for s in self._free)
-        self._check_bound(count * capacity, self.nbytes - retiring_free,
-                          f"grow its slots to {_mib(capacity)} for a batch of {_mib(nbytes)}")
+        # A retired segment's memory goes only when all its slots are free.
+        busy = {s.segment.id for s in self._slots if s.state is not SlotState.FREE}
+        kept = sum(seg.size for sid, seg in self._segments.items() if sid in busy)
+        count = min(max(self.min_slots, self.num_slots), (self.max_bytes - kept) // capacity)
+        if count < 1:
+            raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",
+                             kept + capacity)
         for slot in self._slots:
             slot.retired = True
         for slot in self._free[:]:
@@ -156,23 +158,25 @@ class Ring:
         """Add as many slots again (at least one), for batches the consumer holds."""
         if not self.slot_bytes:
             raise RuntimeError("add_slots() before the ring was sized")
-        room = (self.max_bytes - self.nbytes) // self.slot_bytes
-        count = min(max(1, self.num_slots), room)
+        count = min(max(1, self.num_slots), (self.max_bytes - self.nbytes) // self.slot_bytes)
         if count < 1:
-            self._check_bound(self.slot_bytes, self.nbytes, "add a slot for another batch")
+            raise self._full("add a slot for another batch", self.nbytes + self.slot_bytes)
         self._add_segment(count)
 
-    def _check_bound(self, extra: int, in_use: int, what: str) -> None:
-        if in_use + extra <= self.max_bytes:
-            return
+    def _full(self, what: str, needed: int) -> RingFullError:
         held = self.counts()["held"]
-        raise RingFullError(
-            f"the loader's ring cannot {what}: that needs {_mib(in_use + extra)} of shared memory, over "
-            f"its bound max_shm_bytes={self.max_bytes} ({_mib(self.max_bytes)}). The consumer holds "
-            f"{held} batches ({_mib(held * self.slot_bytes)}) whose memory the loader may not reuse. "
-            "Copy batches you keep (np.array(x) or tensor.clone()) so their slots can be reused, "
-            "or raise max_shm_bytes."
-        )
+        if held > 1:  # a for-loop holds one (the previous batch): more is the consumer keeping them
+            advice = (f"The consumer holds {held} batches ({format_bytes(held * self.slot_bytes)}) whose memory "
+                      "the loader may not reuse: copy batches you keep (np.array(x) or tensor.clone()) so their "
+                      "slots can be reused, or raise the bound.")
+        else:
+            advice = ("Make the ring smaller (lower prefetch_factor, num_workers or batch_size), pass "
+                      "slot_bytes= the largest batch's size so the ring is sized once, or raise the bound "
+                      "(max_shm_bytes=, or more /dev/shm: docker run --shm-size=...).")
+        return RingFullError(
+            f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, over its bound of "
+            f"{format_bytes(self.max_bytes)} ({self.bound_source}). It has {self.num_slots} slots of "
+            f"{format_bytes(self.slot_bytes)}. {advice}")
 
     def _add_segment(self, count: int) -> None:
         seg = self._make_segment(self._next_id, count * self.slot_bytes)
@@ -183,9 +187,6 @@ class Ring:
         self._slots.extend(new)
         self._free[:0] = new  # behind the warm ones
         self._on_attach(seg)
-
-    def segments(self) -> list:
-        return list(self._segments.values())
 
     def close(self) -> None:
         for seg in self._segments.values():

@@ -13,12 +13,7 @@ from typing import Any, Iterator, Sized
 import numpy as np
 
 from . import seeding
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} should be a positive integer value, but got {name}={value!r}")
-    return int(value)
+from ._checks import check_int
 
 
 class SequentialSampler:
@@ -45,15 +40,13 @@ class RandomSampler:
     """
 
     def __init__(self, data_source: Sized, seed: int = 0):
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed should be a non-negative integer, but got seed={seed!r}")
+        check_int("seed", seed, 0)
         self.data_source = data_source
         self.seed = int(seed)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch should be a non-negative integer, but got {epoch!r}")
+        check_int("epoch", epoch, 0)
         self.epoch = int(epoch)
 
     def _order(self) -> np.ndarray:
@@ -75,16 +68,18 @@ class BatchSampler:
     """
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool):
-        self.batch_size = _check_positive_int("batch_size", batch_size)
+        check_int("batch_size", batch_size, 1)
+        self.batch_size = int(batch_size)
         if not isinstance(drop_last, bool):
             raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
         self.sampler = sampler
         self.drop_last = drop_last
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = getattr(self.sampler, "_order", None)
-        if order is not None:  # our own samplers: slice one index array, no per-index Python loop
-            indices = order()
+        if type(self.sampler) in (SequentialSampler, RandomSampler):
+            # our own samplers (not subclasses, whose __iter__ may differ): slice one index
+            # array instead of a Python loop per index
+            indices = self.sampler._order()
             stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
             for start in range(0, stop, self.batch_size):
                 yield indices[start:start + self.batch_size].tolist()

@@ -5,18 +5,26 @@ results; everything that must survive from one epoch to the next with
 ``persistent_workers=True`` lives here. Each ``iter()`` begins a new *iteration*; results
 of an earlier one (an epoch left with ``break``) are recognised by their iteration
 number, and their slots go straight back to the ring.
+
+Waiting for space. A worker whose batch does not fit its slot waits for a
+:class:`Reassign`. While any such request is pending, no new task is dispatched (new
+tasks would only pin the old, smaller slots). If the ring cannot grow within its bound,
+the request waits, but only while waiting can help: once the batch it belongs to is the
+next one the consumer needs (or, with ``in_order=False``, nothing else is in flight), no
+slot can come back and the ring's :class:`RingFullError` is raised instead of hanging.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from collections import deque
 from typing import Any, NamedTuple
 
 from . import lifetime
 from .config import LoaderConfig
 from .dispatch import Dispatcher
-from .errors import RingFullError, ShmloadError, WorkerDiedError, WorkerStartupError
+from .errors import RingFullError, ShmloadError, format_bytes, WorkerDiedError, WorkerError, WorkerStartupError
 from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
@@ -26,8 +34,8 @@ from .worker import UserCode
 
 class Loaded(NamedTuple):
     seq: int
-    slot: Slot | None  # None: the batch holds no arrays
-    done: Done
+    slot: Slot | None  # None: the batch holds no array bytes
+    layout: Any
 
 
 class LoadFailed(NamedTuple):
@@ -40,11 +48,13 @@ class _InFlight(NamedTuple):
     slot: Slot | None
 
 
-def default_max_shm_bytes() -> int:
-    """The free space of /dev/shm, at most half the machine's memory."""
+def default_max_shm_bytes() -> tuple[int, str]:
+    """The free space of /dev/shm, at most half the machine's memory, and where it came from."""
     half_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     free = shm_free_bytes()
-    return min(free, half_ram) if free is not None else half_ram
+    if free is not None and free < half_ram:
+        return free, "the free space of /dev/shm when the workers started"
+    return half_ram, "half of this machine's memory"
 
 
 class Session:
@@ -56,8 +66,12 @@ class Session:
         self.releases = lifetime.ReleaseQueue()
         self.dispatcher = Dispatcher(cfg.num_workers, cfg.prefetch_factor)
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
-        max_bytes = cfg.max_shm_bytes if cfg.max_shm_bytes is not None else default_max_shm_bytes()
-        self.ring = Ring(Segment, cfg.num_workers * cfg.prefetch_factor + 2, max_bytes,
+        self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
+        if cfg.max_shm_bytes is not None:
+            bound, source = cfg.max_shm_bytes, "max_shm_bytes"
+        else:
+            bound, source = default_max_shm_bytes()
+        self.ring = Ring(Segment, cfg.num_workers * cfg.prefetch_factor + 2, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
                                      UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
@@ -79,83 +93,109 @@ class Session:
 
     # ------------------------------------------------------------ epochs
     def begin_iteration(self) -> int:
-        """Start a new iteration; batches of an abandoned one that were never yielded go back."""
-        self._check_usable()
+        """Start a new iteration. What an abandoned one left is given back: batches that
+        were ready but never yielded, and batches still waiting for a larger slot."""
+        if self.closed:
+            raise ShmloadError("this loader's workers were shut down (close() was called, or a worker failed)")
         self.iteration += 1
         self.collect_releases()
         for slot in self.ring.slots_in(SlotState.READY):
             self.ring.release(slot)
+        for wid, need in self._space_wanted:
+            self.dispatcher.complete(wid, (need.iteration, need.seq))
+            self.supervisor.send(wid, Reassign(need.iteration, need.seq, None))
+        self._space_wanted.clear()
+        self._space_error = None
         return self.iteration
-
-    def _check_usable(self) -> None:
-        if self.closed:
-            raise ShmloadError("this loader's workers were shut down (close() was called, or a worker failed)")
 
     def collect_releases(self) -> None:
         for slot in self.releases.drain():
             self.ring.release(slot)
 
     def try_dispatch(self, epoch: int, seq: int, indices: Any) -> bool:
-        """Send one batch to a worker. False if no worker has room or no slot is free."""
+        """Send one batch to a worker. False if no worker has room, no slot is free, or a
+        worker is waiting for a larger slot."""
         self.collect_releases()
         self._serve_space_wanted()
+        if self._space_wanted:
+            return False
         wid = self.dispatcher.pick()
         if wid is None:
             return False
         slot = None
         if self.ring.slot_bytes:  # else: sent without a slot; the worker's NeedSpace sizes the ring
-            slot = self._slot_for(0)
+            slot = self.ring.take()
             if slot is None:
-                return False
+                slot = self._grow_for_held()
+                if slot is None:
+                    return False
         task = Task(self.iteration, epoch, seq, indices, slot.ref if slot is not None else None)
         self.dispatcher.assign(wid, (self.iteration, seq), _InFlight(task, slot))
         self.supervisor.send(wid, task)
         return True
 
-    def _slot_for(self, nbytes: int) -> Slot | None:
-        """A free slot of at least ``nbytes``, growing the ring if none is free.
-
-        None means: wait, a slot will come back (tasks are in flight or batches ready).
-        With nothing in flight, the consumer holds every slot: past the ring's bound that
-        is a RingFullError, because waiting would be a deadlock."""
-        slot = self.ring.take(nbytes)
-        if slot is not None:
-            return slot
+    def _grow_for_held(self) -> Slot | None:
+        """No slot is free: the consumer holds batches. Add slots rather than wait forever;
+        past the bound, wait if a slot can still come back, else raise."""
         try:
-            if nbytes > self.ring.slot_bytes or not self.ring.slot_bytes:
-                self.ring.grow_capacity(nbytes)
-            else:
-                self.ring.add_slots()
+            self.ring.add_slots()
         except RingFullError:
             if self.ring.slots_in(SlotState.ASSIGNED) or self.ring.slots_in(SlotState.READY):
                 return None
             raise
-        return self.ring.take(nbytes)
+        return self.ring.take()
 
     def _serve_space_wanted(self) -> None:
         while self._space_wanted:
             wid, need = self._space_wanted[0]
-            slot = self._slot_for(need.nbytes)
+            slot = self.ring.take(need.nbytes)
             if slot is None:
-                return
+                try:
+                    if need.nbytes > self.ring.slot_bytes:
+                        self.ring.grow_capacity(need.nbytes)
+                    else:
+                        self.ring.add_slots()
+                except RingFullError as exc:
+                    self._space_error = exc
+                    return
+                slot = self.ring.take(need.nbytes)
+                if slot is None:
+                    return
             self._space_wanted.popleft()
+            self._space_error = None
             key = (need.iteration, need.seq)
             entry = self.dispatcher.task(wid, key)
             self.dispatcher.assign(wid, key, entry._replace(slot=slot))
             self.supervisor.send(wid, Reassign(need.iteration, need.seq, slot.ref))
 
+    def check_progress(self, head: int | None) -> None:
+        """Called before the epoch blocks. Raise if waiting cannot help: the batch the
+        consumer needs next (``head``; None with ``in_order=False``) waits for space that
+        cannot be had."""
+        if self._space_error is None:
+            return
+        blocked = {need.seq for _, need in self._space_wanted if need.iteration == self.iteration}
+        if head is not None and head not in blocked:
+            return  # the head is still being loaded: it will arrive, and slots with it
+        if head is None:
+            mine = [e for h in self.supervisor.workers for e in self.dispatcher.held_by(h.id)
+                    if e.task.iteration == self.iteration and e.task.seq not in blocked]
+            if mine:
+                return
+        raise self._space_error
+
     # ------------------------------------------------------------ results
     def poll(self, timeout: float) -> list[Loaded | LoadFailed]:
         """Results of the current iteration that arrived within ``timeout`` seconds.
 
-        Growing the ring may raise (RingFullError, SharedMemoryError); it happens here,
-        before any message is read, so an error never loses results already received."""
+        Ring growth happens here, before any message is read, so an error it raises never
+        loses results already received."""
         self.collect_releases()
         self._serve_space_wanted()
-        messages, dead = self.supervisor.poll(timeout)
+        frames, dead = self.supervisor.poll(timeout)
         results = []
-        for wid, msg in messages:
-            result = self._handle(wid, msg)
+        for wid, frame in frames:
+            result = self._handle(wid, pickle.loads(frame))
             if result is not None:
                 results.append(result)
         if dead:
@@ -173,31 +213,33 @@ class Session:
                 f"DataLoader worker process {wid} failed during start-up, before loading any batch "
                 f"({msg.error.type_name}: {msg.error.message}).\nOriginal {msg.error.traceback}")
         key = (msg.iteration, msg.seq)
+        stale = msg.iteration != self.iteration
         if kind is NeedSpace:
-            if msg.iteration != self.iteration:
-                entry = self.dispatcher.complete(wid, key)
-                self._give_back(entry.slot)
-                self.supervisor.send(wid, Reassign(msg.iteration, msg.seq, None))
-                return None
             entry = self.dispatcher.task(wid, key)
             self._give_back(entry.slot)
-            self.dispatcher.assign(wid, key, entry._replace(slot=None))
-            self._space_wanted.append((wid, msg))  # served by the next poll() or try_dispatch()
+            if stale:
+                self.dispatcher.complete(wid, key)
+                self.supervisor.send(wid, Reassign(msg.iteration, msg.seq, None))
+            else:
+                self.dispatcher.assign(wid, key, entry._replace(slot=None))
+                self._space_wanted.append((wid, msg))  # served by the next poll() or try_dispatch()
             return None
         entry = self.dispatcher.complete(wid, key)
-        if msg.iteration != self.iteration:
+        where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
+                 f"(dataset indices {entry.task.indices})")
+        if stale or kind is Failed:
             self._give_back(entry.slot)
-            return None
-        if kind is Done:
-            if entry.slot is not None:
-                entry.slot.state = SlotState.READY
-            return Loaded(msg.seq, entry.slot, msg)
-        if kind is Failed:
+            return None if stale else LoadFailed(msg.seq, msg.error.rebuild(where))
+        try:
+            layout = pickle.loads(msg.layout)
+        except Exception as exc:
             self._give_back(entry.slot)
-            where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
-                     f"(dataset indices {entry.task.indices})")
-            return LoadFailed(msg.seq, msg.error.rebuild(where))
-        raise TypeError(f"unexpected message from worker {wid}: {msg!r}")
+            return LoadFailed(msg.seq, WorkerError(
+                f"batch {msg.seq} from DataLoader worker process {wid} could not be unpickled in the main "
+                f"process ({type(exc).__name__}: {exc}): its non-array values must be importable here too"))
+        if entry.slot is not None:
+            entry.slot.state = SlotState.READY
+        return Loaded(msg.seq, entry.slot, layout)
 
     def _give_back(self, slot: Slot | None) -> None:
         if slot is not None:
@@ -220,15 +262,20 @@ class Session:
             "If it was killed for memory (SIGKILL), lower num_workers, prefetch_factor or batch_size.")
 
     def holder_of(self, seq: int) -> str:
-        """Who is loading batch ``seq`` of this iteration, for time-out messages."""
+        """What batch ``seq`` of this iteration is waiting for, for time-out messages."""
+        for wid, need in self._space_wanted:
+            if (need.iteration, need.seq) == (self.iteration, seq):
+                return (f"worker {wid} has loaded it and is waiting for a ring slot of "
+                        f"{format_bytes(need.nbytes)} ({self.describe_ring()})")
         for h in self.supervisor.workers:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
                     return f"worker {h.id} (pid {h.pid}) is loading dataset indices {entry.task.indices}"
-        return "no worker holds it"
+        held = len(self.ring.slots_in(SlotState.HELD))
+        return f"it is not dispatched yet: no ring slot is free (the consumer holds {held} batches)"
 
     def deliver(self, loaded: Loaded) -> Any:
-        return lifetime.deliver(loaded.slot, loaded.done.layout, self.releases, self.cfg.output)
+        return lifetime.deliver(loaded.slot, loaded.layout, self.releases, self.cfg.output)
 
     # ------------------------------------------------------------ closing
     def close(self) -> None:
@@ -244,5 +291,4 @@ class Session:
         r = self.ring
         if not r.slot_bytes:
             return "ring not sized yet (sized from the first batch)"
-        return (f"ring {r.num_slots} slots x {r.slot_bytes / 2**20:.2f} MiB = {r.nbytes / 2**20:.1f} MiB "
-                "of shared memory")
+        return f"ring {r.num_slots} slots x {format_bytes(r.slot_bytes)} = {format_bytes(r.nbytes)} of shared memory"

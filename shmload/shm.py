@@ -32,7 +32,7 @@ import secrets
 import numpy as np
 
 from ._platform import MAP_FLAGS
-from .errors import SharedMemoryError
+from .errors import SharedMemoryError, format_bytes
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "/shmload-"
@@ -48,9 +48,9 @@ def shm_free_bytes() -> int | None:
 
 def _shortage(size: int, cause: OSError) -> SharedMemoryError:
     free = shm_free_bytes()
-    free_text = f"{free / 2**20:.1f} MiB are free" if free is not None else f"{SHM_DIR} is not available"
+    free_text = f"{format_bytes(free)} are free" if free is not None else f"{SHM_DIR} is not available"
     return SharedMemoryError(
-        f"could not reserve {size / 2**20:.1f} MiB of shared memory for the loader's ring "
+        f"could not reserve {format_bytes(size)} of shared memory for the loader's ring "
         f"({free_text} in {SHM_DIR}; {cause.strerror or cause}). Give the container more shared "
         "memory (docker run --shm-size=..., or a larger /dev/shm), or make the ring smaller: "
         "lower prefetch_factor, batch_size or num_workers, or set max_shm_bytes."

@@ -9,13 +9,15 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 from __future__ import annotations
 
 import os
-import pickle
+import selectors
 import signal
+import socket
 import time
 from multiprocessing import connection, reduction
 from typing import Any
 
 from . import _platform
+from .channel import Channel
 from .errors import WorkerStartupError
 from .messages import Shutdown
 from .worker import UserCode, WorkerArgs, worker_main
@@ -25,16 +27,17 @@ TERM_TIMEOUT = 1.0
 
 
 class WorkerHandle:
-    __slots__ = ("id", "process", "conn", "pid", "ready", "exited", "exitcode")
+    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events")
 
-    def __init__(self, wid: int, process: Any, conn: Any):
+    def __init__(self, wid: int, process: Any, channel: Channel):
         self.id = wid
         self.process = process
-        self.conn = conn
+        self.channel = channel
         self.pid = process.pid
         self.ready = False
         self.exited = False
         self.exitcode: int | None = None
+        self.events = 0  # what the selector waits for on the channel (0: not registered)
 
     def exit_description(self) -> str:
         code = self.exitcode if self.exitcode is not None else self.process.exitcode
@@ -71,6 +74,7 @@ class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, auto_batch: bool, user: UserCode):
         _platform.check_supported()
         self.ctx = ctx
+        self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         method = ctx.get_start_method()
         payload = user if method == "fork" else _pickled_user_code(user, method)
         self.workers: list[WorkerHandle] = []
@@ -82,9 +86,10 @@ class Supervisor:
             raise
 
     def _start(self, wid: int, args: WorkerArgs) -> WorkerHandle:
-        ours, theirs = self.ctx.Pipe(duplex=True)
+        ours, theirs = socket.socketpair()
+        theirs_conn = connection.Connection(theirs.detach())
         _platform.register_parent_only(ours.fileno())
-        process = self.ctx.Process(target=worker_main, args=(args._replace(conn=theirs),),
+        process = self.ctx.Process(target=worker_main, args=(args._replace(conn=theirs_conn),),
                                    name=f"shmload-worker-{wid}", daemon=True)
         try:
             process.start()
@@ -93,56 +98,89 @@ class Supervisor:
             ours.close()
             raise
         finally:
-            theirs.close()  # only the worker may hold its end, or EOF would never come
-        return WorkerHandle(wid, process, ours)
+            theirs_conn.close()  # only the worker may hold its end, or EOF would never come
+        handle = WorkerHandle(wid, process, Channel(ours))
+        self._watch(handle, selectors.EVENT_READ)
+        self._selector.register(process.sentinel, selectors.EVENT_READ, handle)
+        return handle
+
+    def _watch(self, h: WorkerHandle, events: int) -> None:
+        if events == h.events:
+            return
+        fd = h.channel.fileno()
+        if not events:
+            self._selector.unregister(fd)
+        elif not h.events:
+            self._selector.register(fd, events, h)
+        else:
+            self._selector.modify(fd, events, h)
+        h.events = events
 
     # ------------------------------------------------------------ talking
     def send(self, wid: int, msg: Any, fd: int | None = None) -> None:
-        handle = self.workers[wid]
+        """Queue ``msg`` (and ``fd``) for worker ``wid``; never blocks."""
+        h = self.workers[wid]
+        if h.exited or h.channel.eof:
+            return  # poll() reports the death, with what the worker held
         try:
-            handle.conn.send(msg)
-            if fd is not None:
-                reduction.send_handle(handle.conn, fd, handle.pid)
+            h.channel.send(msg, fd)
         except OSError:
-            pass  # the worker died: poll() reports it through its sentinel, with what it held
+            return  # the worker died: same as above
+        self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
 
     def live(self) -> list[WorkerHandle]:
         return [h for h in self.workers if not h.exited]
 
-    def poll(self, timeout: float) -> tuple[list[tuple[int, Any]], list[WorkerHandle]]:
-        """Messages that arrived within ``timeout`` seconds, and workers that have died.
+    def poll(self, timeout: float) -> tuple[list[tuple[int, bytes]], list[WorkerHandle]]:
+        """Frames that arrived within ``timeout`` seconds, and workers that have died.
 
         A dead worker's last messages are read before its death is reported."""
-        live = self.live()
-        by_obj: dict[Any, WorkerHandle] = {}
-        for h in live:
-            by_obj[h.conn] = h
-            by_obj[h.process.sentinel] = h
-        ready = connection.wait(list(by_obj), timeout)
-        messages, dead = [], []
-        for h in {id(by_obj[obj]): by_obj[obj] for obj in ready}.values():
-            try:
-                while h.conn.poll(0):
-                    messages.append((h.id, h.conn.recv()))
-            except (EOFError, OSError):
-                pass
-            if not h.process.is_alive():
-                h.exited = True
+        frames, dead = [], []
+        for key, mask in self._selector.select(timeout):
+            h = key.data
+            if h.exited:
+                continue
+            if key.fd == h.process.sentinel:
+                frames.extend((h.id, f) for f in h.channel.receive())
+                self._retire(h)
                 dead.append(h)
-        return messages, dead
+                continue
+            if mask & selectors.EVENT_WRITE:
+                try:
+                    h.channel.flush()
+                except OSError:
+                    pass
+            if mask & selectors.EVENT_READ:
+                frames.extend((h.id, f) for f in h.channel.receive())
+            if h.channel.eof:
+                self._watch(h, 0)  # closed: wait for the sentinel, which follows at once
+            else:
+                self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+        return frames, dead
+
+    def _retire(self, h: WorkerHandle) -> None:
+        """Stop watching a worker that exited."""
+        h.exited = True
+        self._watch(h, 0)
+        try:
+            self._selector.unregister(h.process.sentinel)
+        except (KeyError, ValueError):
+            pass
 
     # ------------------------------------------------------------ stopping
     def shutdown(self) -> None:
         for h in self.workers:
-            if h.conn is None:
+            if h.channel is None:
                 continue
             try:
-                h.conn.send(Shutdown())
+                h.channel.send(Shutdown())
             except OSError:
                 pass
-            _platform.unregister_parent_only(h.conn.fileno())
-            h.conn.close()
-            h.conn = None
+            if not h.exited:
+                self._retire(h)
+            _platform.unregister_parent_only(h.channel.fileno())
+            h.channel.close()  # end-of-file for a worker still waiting for messages
+            h.channel = None
         deadline = time.monotonic() + JOIN_TIMEOUT
         for h in self.workers:
             h.process.join(max(0.0, deadline - time.monotonic()))
@@ -154,10 +192,10 @@ class Supervisor:
             for h in stuck:
                 h.process.join(max(0.0, deadline - time.monotonic()))
         for h in self.workers:
-            h.exited = True
             if h.process.exitcode is not None and h.exitcode is None:
                 h.exitcode = h.process.exitcode
                 h.process.close()
+        self._selector.close()
 
     @property
     def pids(self) -> list[int]:

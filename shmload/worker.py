@@ -82,7 +82,7 @@ def worker_main(args: WorkerArgs) -> None:
     try:
         if loop.start():
             loop.run()
-    except (_ParentGone, EOFError, OSError):
+    except (_ParentGone, EOFError, ConnectionError):
         pass  # the main process is gone or closed our socket: nothing left to report to
     finally:
         loop.close()
@@ -120,18 +120,7 @@ class _WorkerLoop:
         return self.conn.recv()
 
     def send(self, msg: Any) -> None:
-        try:
-            data = reduction.ForkingPickler.dumps(msg)
-        except Exception as exc:
-            if not isinstance(msg, Done):
-                raise
-            try:
-                raise WorkerError("the batch holds a value that cannot be pickled to the main process "
-                                  f"(only arrays go through shared memory; other leaves are pickled): {exc}") from exc
-            except WorkerError as err:
-                remote = RemoteError.capture(err, traceback.format_exc())
-            data = reduction.ForkingPickler.dumps(Failed(msg.iteration, msg.seq, msg.worker_id, remote))
-        self.conn.send_bytes(data)
+        self.conn.send_bytes(reduction.ForkingPickler.dumps(msg))
 
     def run(self) -> None:
         while True:
@@ -180,10 +169,10 @@ class _WorkerLoop:
     def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None) -> None:
         """Write the batch into its slot and report it, or ask for a larger slot."""
         if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
-            self.send(Done(iteration, seq, self.args.worker_id, slot, plan.layout))
+            self.done(iteration, seq, plan)
             return
         while slot is None or plan.layout.nbytes > slot.capacity:
-            self.send(NeedSpace(iteration, seq, self.args.worker_id, plan.layout.nbytes))
+            self.send(NeedSpace(iteration, seq, plan.layout.nbytes))
             slot = self.await_reassign(iteration, seq)
             if slot is None:
                 return  # its epoch was abandoned
@@ -194,10 +183,22 @@ class _WorkerLoop:
         except Exception as exc:
             self.fail(iteration, seq, exc)
             return
-        self.send(Done(iteration, seq, self.args.worker_id, slot, plan.layout))
+        self.done(iteration, seq, plan)
 
-    def fail(self, iteration: int, seq: int, exc: Exception) -> None:
-        self.send(Failed(iteration, seq, self.args.worker_id, RemoteError.capture(exc, traceback.format_exc())))
+    def done(self, iteration: int, seq: int, plan: _layout.Plan) -> None:
+        try:
+            layout = bytes(reduction.ForkingPickler.dumps(plan.layout))
+        except Exception as exc:
+            try:
+                raise WorkerError("the batch holds a value that cannot be pickled to the main process "
+                                  f"(only arrays go through shared memory; other leaves are pickled): {exc}") from exc
+            except WorkerError as err:
+                self.fail(iteration, seq, err)
+            return
+        self.send(Done(iteration, seq, layout))
+
+    def fail(self, iteration: int, seq: int, exc: BaseException) -> None:
+        self.send(Failed(iteration, seq, RemoteError.capture(exc, traceback.format_exc())))
 
     def close(self) -> None:
         for seg in self.segments.values():

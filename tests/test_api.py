@@ -68,15 +68,15 @@ def test_unknown_keyword_is_a_type_error():
     (dict(pin_memory_device="cuda"), "pin_memory_device='cuda' is not supported"),
     (dict(num_workers=-1), "num_workers should be a non-negative integer"),
     (dict(timeout=-1), "timeout option should be non-negative"),
-    (dict(prefetch_factor=0), "prefetch_factor should be an integer >= 1"),
+    (dict(prefetch_factor=0), "prefetch_factor should be a positive integer or None"),
     (dict(shuffle=True, sampler=[0, 1]), "sampler option is mutually exclusive with shuffle"),
     (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive with batch_size"),
     (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
     (dict(batch_size=None, drop_last=True), "batch_size=None option disables auto-batching"),
-    (dict(batch_size=0), "batch_size should be an integer >= 1"),
+    (dict(batch_size=0), "batch_size should be a positive integer"),
     (dict(output="jax"), "output should be 'numpy' or 'torch'"),
     (dict(seed=-3), "seed should be a non-negative integer"),
-    (dict(slot_bytes=0), "slot_bytes should be an integer >= 1"),
+    (dict(slot_bytes=0), "slot_bytes should be a positive integer or None"),
     (dict(multiprocessing_context="threads", num_workers=1), "'threads' is not a start method"),
     (dict(persistent_workers="yes"), "persistent_workers should be True or False"),
 ])
@@ -122,7 +122,7 @@ def test_repr_shows_the_ring_memory():
     with loader:
         it = iter(loader)
         next(it)
-        assert "ring 6 slots x 0.25 MiB = 1.5 MiB of shared memory" in repr(loader)
+        assert "ring 6 slots x 260.0 KiB = 1.52 MiB of shared memory" in repr(loader)
         del it
 
 

@@ -58,7 +58,8 @@ def test_holding_past_the_bound_raises_a_clear_error():
     loader = DataLoader(ImageDataset(40, shape=(page,)), batch_size=1, num_workers=1, prefetch_factor=1,
                         max_shm_bytes=8 * page)
     held = []
-    with pytest.raises(RingFullError, match=r"consumer holds \d+ batches.*Copy batches you keep.*max_shm_bytes"):
+    with pytest.raises(RingFullError, match=r"bound of 32.0 KiB \(max_shm_bytes\)\. It has \d+ slots of 8.0 KiB\. The consumer holds \d+ "
+                                           r"batches .*copy batches you keep"):
         for batch in loader:
             held.append(batch)
     assert 4 <= len(held) <= 8
@@ -84,7 +85,7 @@ def test_slot_bytes_presizes_the_ring():
     with loader:
         got = [b.tolist() for b in loader]
         assert loader._sessions.persistent.ring.slot_bytes == 1 << 16
-        assert "slots x 0.06 MiB" in repr(loader)
+        assert "slots x 64.0 KiB" in repr(loader)
     assert got[0] == [0] * 10 + [1] * 20 + [2] * 30
 
 

@@ -53,6 +53,6 @@ def test_dispatcher_prefers_the_least_loaded_worker_and_respects_credits():
     assert d.pick() is None  # every worker holds prefetch_factor tasks
     assert d.complete(1, (1, 1)) == "task1"
     assert d.pick() == 1
-    assert d.held_by(0) == ["task0", "task2"]
-    assert d.mark_dead(0) == ["task0", "task2"]
-    assert d.pick() == 1 and d.in_flight() == 1
+    assert d.held_by(0) == ["task0", "task2"] and d.task(0, (1, 2)) == "task2"
+    assert d.complete(0, (1, 0)) == "task0" and d.complete(0, (1, 2)) == "task2"
+    assert d.pick() == 0  # now the least loaded

@@ -77,15 +77,21 @@ def test_add_slots_doubles_within_the_bound():
     assert ring.num_slots == 5
     for _ in range(5):
         ring.take().state = SlotState.HELD
-    with pytest.raises(RingFullError, match=r"holds 5 batches.*Copy batches you keep.*raise max_shm_bytes"):
+    with pytest.raises(RingFullError, match=r"holds 5 batches.*copy batches you keep.*raise the bound"):
         ring.add_slots()
 
 
-def test_capacity_growth_past_the_bound_is_refused():
+def test_capacity_growth_takes_as_many_larger_slots_as_fit_and_counts_pinned_segments():
     ring, _ = make_ring(min_slots=2, max_bytes=4 * PAGE)
     ring.grow_capacity(PAGE)
-    with pytest.raises(RingFullError, match="grow its slots"):
+    ring.grow_capacity(3 * PAGE)  # the old slots were all free: one larger slot fits
+    assert ring.num_slots == 1 and ring.nbytes == 3 * PAGE
+    ring, _ = make_ring(min_slots=2, max_bytes=4 * PAGE)
+    ring.grow_capacity(PAGE)
+    ring.take()  # one busy slot keeps the whole old segment (2 pages) mapped
+    with pytest.raises(RingFullError, match=r"grow its slots to 12.0 KiB .*needs 20.0 KiB .*bound of 16.0 KiB"):
         ring.grow_capacity(3 * PAGE)
+    assert ring.nbytes <= ring.max_bytes
 
 
 def test_release_after_close_is_ignored():
@@ -93,5 +99,5 @@ def test_release_after_close_is_ignored():
     ring.grow_capacity(1)
     slot = ring.take()
     ring.close()
-    ring.release(slot)  # a batch the user dropped after the loader closed
-    assert ring.nbytes == 0
+    ring.release(slot)  # a batch the user dropped after the loader closed: no error, no reuse
+    assert slot.ring is None and ring.take() is None and ring.num_slots == 0

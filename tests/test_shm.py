@@ -29,8 +29,8 @@ def test_a_reservation_failure_becomes_a_clear_error(monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with pytest.raises(SharedMemoryError, match=r"could not reserve 64.0 MiB of shared memory for the loader's ring "
-                                                r"\(.* MiB are free in /dev/shm.*--shm-size.*prefetch_factor"):
+    with pytest.raises(SharedMemoryError, match=r"could not reserve 64.00 MiB of shared memory for the loader's ring "
+                                                r"\(.* are free in /dev/shm.*--shm-size.*prefetch_factor"):
         shm.Segment(0, 64 << 20)
 
 
@@ -52,6 +52,6 @@ def test_a_loader_reports_the_shortage_instead_of_crashing(monkeypatch):
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     loader = DataLoader(ImageDataset(8, shape=(1 << 20,)), batch_size=4, num_workers=1)
-    with pytest.raises(SharedMemoryError, match=r"could not reserve .* MiB .*docker run --shm-size"):
+    with pytest.raises(SharedMemoryError, match=r"could not reserve .*iB .*docker run --shm-size"):
         next(iter(loader))
     loader.close()
