@@ -182,7 +182,10 @@ class Session:
                     if e.task.iteration == self.iteration and e.task.seq not in blocked]
             if mine:
                 return
-        raise self._space_error
+        # Not kept: a stored exception's traceback would hold the iterator's frames, and
+        # through them this session, alive. The next attempt recomputes it.
+        error, self._space_error = self._space_error, None
+        raise error
 
     # ------------------------------------------------------------ results
     def poll(self, timeout: float) -> list[Loaded | LoadFailed]:

@@ -160,3 +160,59 @@ def record_init(worker_id: int) -> None:
 class InitRecordingDataset(RangeDataset):
     def __getitem__(self, i):
         return int(os.environ.get("SHMLOAD_TEST_INIT", "-1"))
+
+
+class SizedDataset:
+    """batch_size=None items: item i is an int64 array of sizes[i] bytes, filled with i;
+    items in ``slow`` take ``delay`` seconds."""
+
+    def __init__(self, sizes, slow=(), delay=0.0):
+        self.sizes, self.slow, self.delay = list(sizes), set(slow), delay
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int):
+        if i in self.slow:
+            time.sleep(self.delay)
+        return np.full(self.sizes[i] // 8, i, np.int64)
+
+
+class StringRowsDataset(RangeDataset):
+    """Many small strings per batch: large completion messages."""
+
+    def __getitems__(self, indices):
+        return [(i, f"row-{i:08d}") for i in indices]
+
+
+class ZeroSizeDataset(RangeDataset):
+    def __getitem__(self, i):
+        return np.zeros((0, 4), np.float32), "no boxes"
+
+
+class StopIterationDataset(RangeDataset):
+    def __getitem__(self, i):
+        if i == 3:
+            raise StopIteration
+        return i
+
+
+def _only_in_workers():
+    if os.getpid() == _MAIN_PID:
+        raise ModuleNotFoundError("No module named 'worker_only_plugin'")
+    return "ok"
+
+
+_MAIN_PID = os.getpid()
+
+
+class WorkerOnlyValue:
+    """Pickles in a worker, cannot be unpickled in the main process."""
+
+    def __reduce__(self):
+        return (_only_in_workers, ())
+
+
+class WorkerOnlyDataset(RangeDataset):
+    def __getitem__(self, i):
+        return {"x": np.full(4, i), "tag": WorkerOnlyValue() if i == 2 else None}

@@ -10,7 +10,7 @@ import shmload
 from shmload import (CollateError, DataLoader, LoaderTimeoutError, WorkerDiedError, WorkerError,
                      WorkerStartupError)
 
-from .helpers import (ExitingDataset, FailingDataset, ImageDataset, NeedsTwoArgsError, RangeDataset,
+from .helpers import (ExitingDataset, StopIterationDataset, FailingDataset, ImageDataset, NeedsTwoArgsError, RangeDataset,
                       SlowDataset, TwoArgsFailingDataset, UnpicklableDataset, failing_init)
 
 
@@ -130,3 +130,22 @@ def test_bad_getitems_result_is_named():
     with pytest.raises(shmload.ShmloadError, match=r"Short.__getitems__\(\[0, 1\]\) returned 1 samples, expected "
                                                   r"a sequence of 2"):
         list(DataLoader(Short(4), batch_size=2, num_workers=1))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_stop_iteration_in_the_dataset_is_an_error_not_a_silent_end_of_epoch(workers):
+    loader = DataLoader(StopIterationDataset(8), batch_size=2, num_workers=workers)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match=r"StopIteration .*batch 1 .*dataset indices \[2, 3\]"):
+        next(it)
+
+
+def test_a_python_int_beyond_int64_is_named():
+    class Huge(RangeDataset):
+        def __getitem__(self, i):
+            return {"id": 2**70 if i == 1 else i}
+
+    with pytest.raises(CollateError, match=r"field sample\['id'\]: the Python int 1180591620717411303424 does not "
+                                           r"fit in int64"):
+        list(DataLoader(Huge(4), batch_size=2, num_workers=1))

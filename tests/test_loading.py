@@ -27,7 +27,7 @@ def test_every_index_exactly_once_in_sampler_order(all_start_methods):
     assert got[-1][1] == [f"sample-{i}" for i in got[-1][0]]
 
 
-@pytest.mark.parametrize("num_workers", [1, 3])
+@pytest.mark.parametrize("num_workers", [2, 3])
 def test_order_equals_a_single_process_run_whatever_order_workers_finish(num_workers):
     # index 0 is slow, so later batches finish first; in_order must still hold
     ds = SlowDataset(40, 0.2, slow={0})
@@ -47,6 +47,7 @@ def test_same_seed_gives_bit_identical_batches_for_any_num_workers():
     for workers in (0, 1, 2):
         loader = DataLoader(AugmentedDataset(), batch_size=5, shuffle=True, seed=11, num_workers=workers)
         runs.append([(x.copy(), y.copy(), i.copy()) for x, y, i in loader])
+    assert [len(r) for r in runs] == [8, 8, 8]
     for other in runs[1:]:
         for (x0, y0, i0), (x, y, i) in zip(runs[0], other):
             assert x0.tobytes() == x.tobytes() and y0.tobytes() == y.tobytes() and (i0 == i).all()
@@ -175,3 +176,23 @@ def test_two_loaders_alive_at_once():
 
 def test_empty_dataset_yields_nothing():
     assert list(DataLoader(RangeDataset(0), batch_size=4, num_workers=2)) == []
+
+
+def test_a_sampler_subclass_keeps_its_own_order():
+    class Backwards(shmload.SequentialSampler):
+        def __iter__(self):
+            return iter(range(len(self.data_source) - 1, -1, -1))
+
+    loader = DataLoader(RangeDataset(6), batch_size=2, sampler=Backwards(range(6)), num_workers=1)
+    assert labels(loader) == [[5, 4], [3, 2], [1, 0]]
+
+
+def test_settings_changed_after_construction_apply_at_the_next_iter():
+    loader = DataLoader(WorkerInfoDataset(4), batch_size=None, num_workers=2, persistent_workers=True)
+    with loader:
+        assert all(info is not None for info in loader)
+        loader.num_workers = 0
+        assert list(loader) == [None] * 4  # loaded in the main process now
+        loader.num_workers = 1
+        loader.collate_fn = lambda sample: ("mine", sample)
+        assert [b[0] for b in loader] == ["mine"] * 4

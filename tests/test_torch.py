@@ -45,7 +45,10 @@ def test_torch_rng_is_seeded_per_batch_for_any_num_workers():
             return torch.rand(3)
 
     runs = [[b.copy() for b in DataLoader(TorchRandom(12), batch_size=4, seed=9, num_workers=w)] for w in (0, 2)]
+    assert [len(r) for r in runs] == [3, 3]
     assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    # seeded per batch: different batches see different random numbers
+    assert len({r.tobytes() for r in runs[0]}) == 3
 
 
 def test_torch_generator_chooses_the_seed():
@@ -61,3 +64,25 @@ def test_torch_default_collate_as_collate_fn_still_works():
 
     batches = list(DataLoader(ImageDataset(4), batch_size=2, num_workers=1, collate_fn=default_collate))
     assert isinstance(batches[0]["image"], np.ndarray) and batches[0]["label"].tolist() == [0, 1]
+
+
+def test_tensors_numpy_cannot_hold_are_named():
+    class BFloat(RangeDataset):
+        def __getitem__(self, i):
+            return {"x": torch.zeros(2, dtype=torch.bfloat16)}
+
+    from shmload import CollateError
+
+    with pytest.raises(CollateError, match=r"field sample\['x'\].*bfloat16.*tensor.float\(\)"):
+        list(DataLoader(BFloat(4), batch_size=2, num_workers=1))
+
+
+def test_output_torch_refuses_string_arrays_clearly():
+    class Strings(RangeDataset):
+        def __getitem__(self, i):
+            return np.array(["a", "b"])
+
+    from shmload import CollateError
+
+    with pytest.raises(CollateError, match=r"output='torch' cannot hold an array of dtype <U1"):
+        list(DataLoader(Strings(4), batch_size=2, num_workers=1, output="torch"))
