@@ -8,6 +8,7 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import selectors
 import signal
@@ -18,7 +19,7 @@ from typing import Any
 
 from . import _platform
 from .channel import Channel
-from .errors import WorkerStartupError
+from .errors import ShmloadError, WorkerStartupError
 from .messages import Shutdown
 from .worker import UserCode, WorkerArgs, worker_main
 
@@ -73,6 +74,11 @@ def _pickled_user_code(user: UserCode, method: str) -> bytes:
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, auto_batch: bool, user: UserCode):
         _platform.check_supported()
+        if multiprocessing.current_process().daemon:
+            raise ShmloadError(
+                "this loader cannot start worker processes: it runs inside a daemonic process (for example "
+                "a worker of another loader), which may not have children. Use num_workers=0 for a loader "
+                "created inside a dataset.")
         self.ctx = ctx
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         method = ctx.get_start_method()

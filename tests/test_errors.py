@@ -149,3 +149,14 @@ def test_a_python_int_beyond_int64_is_named():
     with pytest.raises(CollateError, match=r"field sample\['id'\]: the Python int 1180591620717411303424 does not "
                                            r"fit in int64"):
         list(DataLoader(Huge(4), batch_size=2, num_workers=1))
+
+
+class NestedLoaderDataset(RangeDataset):
+    def __getitem__(self, i):
+        inner = DataLoader(RangeDataset(4), batch_size=2, num_workers=1)
+        return sum(int(b.sum()) for b in inner)
+
+
+def test_a_loader_with_workers_inside_a_worker_gets_a_clear_error():
+    with pytest.raises(shmload.ShmloadError, match=r"runs inside a daemonic process .*Use num_workers=0"):
+        list(DataLoader(NestedLoaderDataset(2), batch_size=1, num_workers=1))
