@@ -16,6 +16,7 @@ descriptor follows its :class:`Attach` message as one byte with ``SCM_RIGHTS``, 
 from __future__ import annotations
 
 import array
+import os
 import pickle
 import socket
 import struct
@@ -24,6 +25,7 @@ from multiprocessing import reduction
 from typing import Any
 
 _HEADER = struct.Struct("!i")
+_HUGE = struct.Struct("!Q")
 
 
 class Channel:
@@ -32,15 +34,20 @@ class Channel:
         self.sock = sock
         self._out: deque[list] = deque()  # [bytes still to send, fd to send after them or None]
         self._in = bytearray()
-        self.eof = False
+        self.eof = False  # the worker closed its end
+        self.broken = False  # a send failed: the worker is gone
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     # ------------------------------------------------------------ sending
     def send(self, msg: Any, fd: int | None = None) -> None:
+        """Queue ``msg`` and, after it, a duplicate of ``fd`` (the caller may close its own
+        while the message still waits in the outbox)."""
+        if self.broken:
+            return
         data = bytes(reduction.ForkingPickler.dumps(msg))
-        self._out.append([memoryview(_HEADER.pack(len(data)) + data), fd])
+        self._out.append([memoryview(_HEADER.pack(len(data)) + data), None if fd is None else os.dup(fd)])
         self.flush()
 
     @property
@@ -48,19 +55,33 @@ class Channel:
         return bool(self._out)
 
     def flush(self) -> None:
-        """Write what the socket takes now. Raises OSError (e.g. EPIPE) if the worker is gone."""
+        """Write what the socket takes now. A socket error means the worker is gone: the
+        outbox is dropped and the process sentinel reports the death."""
         while self._out:
             item = self._out[0]
             try:
                 if len(item[0]):
-                    item[0] = item[0][self.sock.send(item[0]):]
+                    item[0] = item[0][self.sock.send(item[0], socket.MSG_NOSIGNAL):]
                     continue
                 if item[1] is not None:
                     fds = array.array("i", [item[1]])
-                    self.sock.sendmsg([b"\x01"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                    self.sock.sendmsg([b"\x01"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], socket.MSG_NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 return
-            self._out.popleft()
+            except OSError:
+                self.broken = True
+                self._drop_outbox()
+                return
+            self._drop_first()
+
+    def _drop_first(self) -> None:
+        item = self._out.popleft()
+        if item[1] is not None:
+            os.close(item[1])
+
+    def _drop_outbox(self) -> None:
+        while self._out:
+            self._drop_first()
 
     # ------------------------------------------------------------ receiving
     def receive(self) -> list[bytes]:
@@ -79,13 +100,20 @@ class Channel:
         frames = []
         while len(self._in) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self._in)
-            if len(self._in) < _HEADER.size + size:
+            start = _HEADER.size
+            if size == -1:  # Connection's header for frames of 2 GiB or more
+                if len(self._in) < _HEADER.size + _HUGE.size:
+                    break
+                (size,) = _HUGE.unpack_from(self._in, _HEADER.size)
+                start += _HUGE.size
+            if len(self._in) < start + size:
                 break
-            frames.append(bytes(self._in[_HEADER.size:_HEADER.size + size]))
-            del self._in[:_HEADER.size + size]
+            frames.append(bytes(self._in[start:start + size]))
+            del self._in[:start + size]
         return frames
 
     def close(self) -> None:
+        self._drop_outbox()
         self.sock.close()
 
 

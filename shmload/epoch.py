@@ -19,7 +19,7 @@ from . import layout as _layout
 from . import lifetime, seeding
 from .collate import make_plan
 from .config import LoaderConfig
-from .errors import LoaderTimeoutError, ShmloadError
+from .errors import LoaderTimeoutError, ShmloadError, format_indices
 from .fetch import fetch
 from .reorder import ReorderBuffer
 from .session import LoadFailed, Session
@@ -57,7 +57,7 @@ class SingleProcessEpoch(_Epoch):
                 plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
             except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                 raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
-                                   f"(dataset indices {indices})") from exc
+                                   f"(dataset indices {format_indices(indices)})") from exc
         return _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
 
 

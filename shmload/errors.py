@@ -24,6 +24,15 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def format_indices(indices, limit: int = 16) -> str:
+    """Dataset indices for a message, shortened: a batch may hold a million of them."""
+    if isinstance(indices, int) or len(indices) <= limit:
+        return str(list(indices) if not isinstance(indices, int) else indices)
+    head = ", ".join(map(str, indices[:limit // 2]))
+    tail = ", ".join(map(str, indices[-4:]))
+    return f"[{head}, ..., {tail}] ({len(indices)} indices)"
+
+
 class ShmloadError(Exception):
     """Base class of every error shmload raises of its own."""
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .errors import CollateError
+from .errors import CollateError, format_indices
 
 ALIGN = 64
 
@@ -143,7 +143,7 @@ class _Batcher:
 
     def where(self, pos: int) -> str:
         if not self.stack:
-            return "the batch" if self.indices is None else f"the batch of dataset indices {list(self.indices)}"
+            return "the batch" if self.indices is None else f"the batch of dataset indices {format_indices(self.indices)}"
         if self.indices is not None and pos < len(self.indices):
             return f"dataset index {self.indices[pos]} (position {pos} in the batch)"
         return f"position {pos} in the batch"

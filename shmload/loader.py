@@ -75,34 +75,18 @@ class DataLoader:
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None):
         _check_map_style(dataset)
-        check_int("num_workers", num_workers, 0)
         check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
         check_int("seed", seed, 0, allow_none=True)
-        check_int("slot_bytes", slot_bytes, 1, allow_none=True)
-        check_int("max_shm_bytes", max_shm_bytes, 1, allow_none=True)
-        for name, flag in (("persistent_workers", persistent_workers), ("in_order", in_order),
-                           ("drop_last", drop_last)):
+        for name, flag in (("persistent_workers", persistent_workers), ("drop_last", drop_last)):
             _check_bool(name, flag)
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
-            raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
         if shuffle not in (None, False, True):
             raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
-        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} should be callable or None, but got {fn!r}")
         if pin_memory:
             raise ValueError("pin_memory=True is not supported: shmload yields views into shared memory, "
                              "which it does not page-lock per batch. Pin what you transfer yourself "
                              "(tensor.pin_memory()), or leave pin_memory=False.")
         if pin_memory_device:
             raise ValueError(f"pin_memory_device={pin_memory_device!r} is not supported (pin_memory is not)")
-        if output not in ("numpy", "torch"):
-            raise ValueError(f"output should be 'numpy' or 'torch', but got output={output!r}")
-        if output == "torch":
-            try:
-                import torch  # noqa: F401  (only imported when asked for)
-            except ImportError as exc:
-                raise OptionalDependencyError("output='torch' needs torch: pip install torch") from exc
         if generator is not None and seed is not None:
             raise ValueError("give seed= or generator=, not both: both choose the loader's random seed")
 
@@ -129,7 +113,6 @@ class DataLoader:
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         if collate_fn is None and auto_batch:
             collate_fn = default_collate
-        context = _platform.resolve_context(multiprocessing_context) if num_workers > 0 else multiprocessing_context
 
         self.dataset = dataset
         self.batch_size = batch_size
@@ -144,7 +127,7 @@ class DataLoader:
         self.pin_memory_device = ""
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = context
+        self.multiprocessing_context = multiprocessing_context
         self.generator = generator
         self.in_order = in_order
         self.output = output
@@ -152,6 +135,7 @@ class DataLoader:
         self.max_shm_bytes = max_shm_bytes
         self._auto_batch = auto_batch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
+        self._config()  # check the settings now, not at the first iter()
         self._next_epoch = 0
         self._sessions = _Sessions()
         self._finalizer = weakref.finalize(self, _Sessions.close, self._sessions)
@@ -168,9 +152,7 @@ class DataLoader:
     def _config(self) -> LoaderConfig:
         """The settings for the next epoch, checked again since attributes may have been set."""
         if self._cfg is None:
-            check_int("num_workers", self.num_workers, 0)
-            check_int("prefetch_factor", self.prefetch_factor, 1)
-            check_int("seed", self.seed, 0)
+            self._check_settings()
             if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
             collate_fn = self.collate_fn
@@ -184,6 +166,29 @@ class DataLoader:
                 max_shm_bytes=self.max_shm_bytes)
         return self._cfg
 
+    def _check_settings(self) -> None:
+        """The checks for every setting that may change after construction (``_SETTINGS``)."""
+        check_int("num_workers", self.num_workers, 0)
+        check_int("prefetch_factor", self.prefetch_factor, 1)
+        check_int("seed", self.seed, 0)
+        check_int("slot_bytes", self.slot_bytes, 1, allow_none=True)
+        check_int("max_shm_bytes", self.max_shm_bytes, 1, allow_none=True)
+        _check_bool("in_order", self.in_order)
+        timeout = self.timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
+            raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
+        for name in ("collate_fn", "worker_init_fn"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} should be callable or None, but got {fn!r}")
+        if self.output not in ("numpy", "torch"):
+            raise ValueError(f"output should be 'numpy' or 'torch', but got output={self.output!r}")
+        if self.output == "torch":
+            try:
+                import torch  # noqa: F401  (only imported when asked for)
+            except ImportError as exc:
+                raise OptionalDependencyError("output='torch' needs torch: pip install torch") from exc
+
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
         epoch = self._next_epoch
@@ -193,12 +198,13 @@ class DataLoader:
         cfg = self._config()
         batches = iter(self.batch_sampler) if cfg.auto_batch else iter(self.sampler)
         length = self._length()
+        sessions = self._sessions
+        if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
+            sessions.persistent.close()  # settings changed since its workers started
+            sessions.persistent = None
         if cfg.num_workers == 0:
             return SingleProcessEpoch(cfg, batches, epoch, length)
-        sessions = self._sessions
         if cfg.persistent_workers:
-            if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
-                sessions.persistent.close()  # settings changed since its workers started
             if sessions.persistent is None or sessions.persistent.closed:
                 sessions.persistent = Session(cfg)
                 sessions.live.add(sessions.persistent)

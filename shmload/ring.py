@@ -173,10 +173,11 @@ class Ring:
             advice = ("Make the ring smaller (lower prefetch_factor, num_workers or batch_size), pass "
                       "slot_bytes= the largest batch's size so the ring is sized once, or raise the bound "
                       "(max_shm_bytes=, or more /dev/shm: docker run --shm-size=...).")
+        has = f"It has {self.num_slots} slots of {format_bytes(self.slot_bytes)}." if self.slot_bytes else \
+            f"It needs {self.min_slots} slots."
         return RingFullError(
             f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, over its bound of "
-            f"{format_bytes(self.max_bytes)} ({self.bound_source}). It has {self.num_slots} slots of "
-            f"{format_bytes(self.slot_bytes)}. {advice}")
+            f"{format_bytes(self.max_bytes)} ({self.bound_source}). {has} {advice}")
 
     def _add_segment(self, count: int) -> None:
         seg = self._make_segment(self._next_id, count * self.slot_bytes)

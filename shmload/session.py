@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from . import lifetime
 from .config import LoaderConfig
 from .dispatch import Dispatcher
-from .errors import RingFullError, ShmloadError, format_bytes, WorkerDiedError, WorkerError, WorkerStartupError
+from .errors import RingFullError, ShmloadError, format_bytes, format_indices, WorkerDiedError, WorkerError, WorkerStartupError
 from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
@@ -146,8 +146,10 @@ class Session:
         return self.ring.take()
 
     def _serve_space_wanted(self) -> None:
-        while self._space_wanted:
-            wid, need = self._space_wanted[0]
+        """Give waiting batches their larger slots: earliest batch first, and each request
+        tried, so a small request is not held up behind a larger one that does not fit."""
+        self._space_error = None
+        for wid, need in sorted(self._space_wanted, key=lambda item: item[1].seq):
             slot = self.ring.take(need.nbytes)
             if slot is None:
                 try:
@@ -157,30 +159,34 @@ class Session:
                         self.ring.add_slots()
                 except RingFullError as exc:
                     self._space_error = exc
-                    return
+                    continue
                 slot = self.ring.take(need.nbytes)
                 if slot is None:
-                    return
-            self._space_wanted.popleft()
-            self._space_error = None
+                    continue
+            self._space_wanted.remove((wid, need))
             key = (need.iteration, need.seq)
             entry = self.dispatcher.task(wid, key)
             self.dispatcher.assign(wid, key, entry._replace(slot=slot))
             self.supervisor.send(wid, Reassign(need.iteration, need.seq, slot.ref))
 
     def check_progress(self, head: int | None) -> None:
-        """Called before the epoch blocks. Raise if waiting cannot help: the batch the
-        consumer needs next (``head``; None with ``in_order=False``) waits for space that
-        cannot be had."""
+        """Called before the epoch blocks. Raise if waiting cannot help: a batch waits for
+        space that cannot be had, and nothing still running can give a slot back.
+
+        ``head`` is the batch the consumer needs next (None with ``in_order=False``). While
+        it is still being loaded, it will arrive and slots with it. Otherwise only a task
+        that can still finish and holds a slot can free one (by finishing, failing, or
+        needing a larger slot itself); a worker waiting for space finishes nothing."""
+        self.collect_releases()
+        self._serve_space_wanted()
         if self._space_error is None:
             return
         blocked = {need.seq for _, need in self._space_wanted if need.iteration == self.iteration}
         if head is not None and head not in blocked:
-            return  # the head is still being loaded: it will arrive, and slots with it
-        if head is None:
-            mine = [e for h in self.supervisor.workers for e in self.dispatcher.held_by(h.id)
-                    if e.task.iteration == self.iteration and e.task.seq not in blocked]
-            if mine:
+            return
+        waiting_workers = {wid for wid, _ in self._space_wanted}
+        for h in self.supervisor.workers:
+            if h.id not in waiting_workers and any(e.slot is not None for e in self.dispatcher.held_by(h.id)):
                 return
         # Not kept: a stored exception's traceback would hold the iterator's frames, and
         # through them this session, alive. The next attempt recomputes it.
@@ -229,7 +235,7 @@ class Session:
             return None
         entry = self.dispatcher.complete(wid, key)
         where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
-                 f"(dataset indices {entry.task.indices})")
+                 f"(dataset indices {format_indices(entry.task.indices)})")
         if stale or kind is Failed:
             self._give_back(entry.slot)
             return None if stale else LoadFailed(msg.seq, msg.error.rebuild(where))
@@ -258,8 +264,8 @@ class Session:
                 f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} during start-up, "
                 "before it could report an error; see its output above (an import error under spawn "
                 "or forkserver is a common cause)")
-        doing = ("; it was loading " + ", ".join(f"batch {e.task.seq} (dataset indices {e.task.indices})"
-                                                 for e in held)) if held else ""
+        doing = ("; it was loading " + ", ".join(
+            f"batch {e.task.seq} (dataset indices {format_indices(e.task.indices)})" for e in held)) if held else ""
         raise WorkerDiedError(
             f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly{doing}. "
             "If it was killed for memory (SIGKILL), lower num_workers, prefetch_factor or batch_size.")
@@ -273,7 +279,8 @@ class Session:
         for h in self.supervisor.workers:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
-                    return f"worker {h.id} (pid {h.pid}) is loading dataset indices {entry.task.indices}"
+                    indices = format_indices(entry.task.indices)
+                    return f"worker {h.id} (pid {h.pid}) is loading dataset indices {indices}"
         held = len(self.ring.slots_in(SlotState.HELD))
         return f"it is not dispatched yet: no ring slot is free (the consumer holds {held} batches)"
 

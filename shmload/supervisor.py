@@ -128,10 +128,7 @@ class Supervisor:
         h = self.workers[wid]
         if h.exited or h.channel.eof:
             return  # poll() reports the death, with what the worker held
-        try:
-            h.channel.send(msg, fd)
-        except OSError:
-            return  # the worker died: same as above
+        h.channel.send(msg, fd)
         self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
 
     def live(self) -> list[WorkerHandle]:
@@ -152,10 +149,7 @@ class Supervisor:
                 dead.append(h)
                 continue
             if mask & selectors.EVENT_WRITE:
-                try:
-                    h.channel.flush()
-                except OSError:
-                    pass
+                h.channel.flush()
             if mask & selectors.EVENT_READ:
                 frames.extend((h.id, f) for f in h.channel.receive())
             if h.channel.eof:
@@ -178,10 +172,7 @@ class Supervisor:
         for h in self.workers:
             if h.channel is None:
                 continue
-            try:
-                h.channel.send(Shutdown())
-            except OSError:
-                pass
+            h.channel.send(Shutdown())
             if not h.exited:
                 self._retire(h)
             _platform.unregister_parent_only(h.channel.fileno())

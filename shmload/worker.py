@@ -117,7 +117,16 @@ class _WorkerLoop:
         while not self.conn.poll(WATCHDOG_INTERVAL):
             if os.getppid() != self.parent:
                 raise _ParentGone()
-        return self.conn.recv()
+        try:
+            return self.conn.recv()
+        except OSError as exc:  # "got end of file during message": closed mid-frame at shutdown
+            raise EOFError from exc
+
+    def recv_fd(self) -> int:
+        try:
+            return reduction.recv_handle(self.conn)
+        except (OSError, RuntimeError) as exc:  # closed before the descriptor came
+            raise EOFError from exc
 
     def send(self, msg: Any) -> None:
         self.conn.send_bytes(reduction.ForkingPickler.dumps(msg))
@@ -134,7 +143,7 @@ class _WorkerLoop:
 
     def control(self, msg: Any) -> None:
         if type(msg) is Attach:
-            fd = reduction.recv_handle(self.conn)
+            fd = self.recv_fd()
             self.segments[msg.segment] = AttachedSegment(fd, msg.size)
         elif type(msg) is Detach:
             self.segments.pop(msg.segment).close()

@@ -216,3 +216,16 @@ class WorkerOnlyValue:
 class WorkerOnlyDataset(RangeDataset):
     def __getitem__(self, i):
         return {"x": np.full(4, i), "tag": WorkerOnlyValue() if i == 2 else None}
+
+
+class SlowSizesDataset(RangeDataset):
+    """Item i is sizes.get(i, default) zero bytes; item ``slow`` sleeps ``delay`` first."""
+
+    def __init__(self, n, sizes, default, slow=None, delay=0.0):
+        super().__init__(n)
+        self.sizes, self.default, self.slow, self.delay = sizes, default, slow, delay
+
+    def __getitem__(self, i):
+        if i == self.slow:
+            time.sleep(self.delay)
+        return np.zeros(self.sizes.get(i, self.default), np.uint8)

@@ -1,6 +1,7 @@
 """End to end through the public API, with real worker processes."""
 
 import numpy as np
+import psutil
 import pytest
 
 import shmload
@@ -191,8 +192,24 @@ def test_settings_changed_after_construction_apply_at_the_next_iter():
     loader = DataLoader(WorkerInfoDataset(4), batch_size=None, num_workers=2, persistent_workers=True)
     with loader:
         assert all(info is not None for info in loader)
+        pids = loader._sessions.persistent.supervisor.pids
         loader.num_workers = 0
         assert list(loader) == [None] * 4  # loaded in the main process now
+        assert loader._sessions.persistent is None and all(not psutil.pid_exists(p) for p in pids)
         loader.num_workers = 1
         loader.collate_fn = lambda sample: ("mine", sample)
         assert [b[0] for b in loader] == ["mine"] * 4
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("timeout", None, "timeout option should be non-negative"),
+    ("slot_bytes", "1MB", "slot_bytes should be a positive integer or None"),
+    ("output", "pandas", "output should be 'numpy' or 'torch'"),
+    ("in_order", "no", "in_order should be True or False"),
+    ("num_workers", -2, "num_workers should be a non-negative integer"),
+])
+def test_settings_set_after_construction_are_checked_at_the_next_iter(name, value, match):
+    loader = DataLoader(RangeDataset(4), batch_size=2)
+    setattr(loader, name, value)
+    with pytest.raises((ValueError, TypeError), match=match):
+        iter(loader)

@@ -6,7 +6,7 @@ import pytest
 
 from shmload import DataLoader, RingFullError, WorkerError
 
-from .helpers import SizedDataset, StringRowsDataset, WorkerOnlyDataset, ZeroSizeDataset
+from .helpers import SizedDataset, SlowSizesDataset, StringRowsDataset, WorkerOnlyDataset, ZeroSizeDataset
 
 PAGE = 4096
 MIB = 1 << 20
@@ -78,3 +78,26 @@ def test_a_value_the_main_process_cannot_unpickle_fails_only_its_batch():
                                           r"main process \(ModuleNotFoundError"):
         next(it)
     assert [b["x"][:, 0].tolist() for b in it] == [[4, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_batch_that_can_never_fit_raises_in_either_order(in_order):
+    loader = DataLoader(SlowSizesDataset(8, {}, MIB), batch_size=2, num_workers=1, in_order=in_order,
+                        max_shm_bytes=MIB)
+    with pytest.raises(RingFullError, match=r"bound of 1.00 MiB \(max_shm_bytes\)\. It needs 4 slots"):
+        list(loader)
+
+
+def test_space_freed_by_another_workers_request_is_used_rather_than_failing():
+    # all batches outgrow slot_bytes; the old segment empties as the other worker's
+    # request gives its slot back, after which the larger slots fit
+    loader = DataLoader(SlowSizesDataset(6, {}, 2 * MIB, slow=1, delay=0.3), batch_size=None, num_workers=2,
+                        prefetch_factor=1, slot_bytes=MIB, max_shm_bytes=5 * MIB)
+    assert sum(1 for _ in loader) == 6
+
+
+def test_the_next_batchs_request_is_not_held_up_behind_a_larger_later_one():
+    sizes = {0: MIB // 2, 1: 3 * MIB // 2, 2: 3 * MIB}
+    loader = DataLoader(SlowSizesDataset(6, sizes, MIB // 2, slow=1, delay=0.5), batch_size=None, num_workers=2,
+                        prefetch_factor=1, slot_bytes=MIB, max_shm_bytes=6 * MIB)
+    assert [a.nbytes for a in loader] == [MIB // 2, 3 * MIB // 2, 3 * MIB] + [MIB // 2] * 3
