@@ -229,3 +229,24 @@ class SlowSizesDataset(RangeDataset):
         if i == self.slow:
             time.sleep(self.delay)
         return np.zeros(self.sizes.get(i, self.default), np.uint8)
+
+
+class KeyedDataset(RangeDataset):
+    """Index (size, sleep, pad): sleep, then return ``size`` zero bytes (pad only makes the
+    task message large)."""
+
+    def __getitem__(self, key):
+        size, sleep, _pad = key
+        time.sleep(sleep)
+        return np.zeros(size, np.uint8)
+
+
+class ListBatchSampler:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)

@@ -6,7 +6,7 @@ import pytest
 
 from shmload import DataLoader, RingFullError, WorkerError
 
-from .helpers import SizedDataset, SlowSizesDataset, StringRowsDataset, WorkerOnlyDataset, ZeroSizeDataset
+from .helpers import KeyedDataset, ListBatchSampler, SizedDataset, SlowSizesDataset, StringRowsDataset, WorkerOnlyDataset, ZeroSizeDataset
 
 PAGE = 4096
 MIB = 1 << 20
@@ -101,3 +101,14 @@ def test_the_next_batchs_request_is_not_held_up_behind_a_larger_later_one():
     loader = DataLoader(SlowSizesDataset(6, sizes, MIB // 2, slow=1, delay=0.5), batch_size=None, num_workers=2,
                         prefetch_factor=1, slot_bytes=MIB, max_shm_bytes=6 * MIB)
     assert [a.nbytes for a in loader] == [MIB // 2, 3 * MIB // 2, 3 * MIB] + [MIB // 2] * 3
+
+
+def test_a_segment_announced_through_a_backlogged_socket_arrives_intact():
+    # Worker 1 is busy while a 4 MiB task fills its socket; meanwhile the ring grows twice,
+    # so the segment announced to it first is retired and closed before its turn comes.
+    batches = [[(2 * MIB, 0, b"")], [(1024, 4.0, b"")], [(3 * MIB, 0.5, b"")], [(1024, 0, b"x" * (4 * MIB))]]
+    batches += [[(1024, 0.05, b"")]] * 20
+    loader = DataLoader(KeyedDataset(0), batch_sampler=ListBatchSampler(batches), num_workers=2, in_order=False,
+                        slot_bytes=MIB, timeout=20)
+    sizes = sorted(b.nbytes for b in loader)
+    assert sizes == [1024] * 22 + [2 * MIB, 3 * MIB]
