@@ -11,6 +11,7 @@ iterator stays usable and the next ``next()`` yields the following batch.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from typing import Any, Iterator
@@ -81,6 +82,9 @@ class MultiprocessEpoch(_Epoch):
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
+        if os.getpid() != self._session.owner_pid:
+            raise ShmloadError("this iterator's workers belong to the process that created it (pid "
+                               f"{self._session.owner_pid}), not to this forked child: call iter(loader) here")
         if self._session.iteration != self._iteration or self._session.closed:
             raise ShmloadError("this iterator can no longer be used: a newer iter() of the same loader "
                                "(persistent_workers=True) or close() took over its workers")

@@ -21,6 +21,7 @@ from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import OptionalDependencyError
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .session import Session
+from .supervisor import owned_here
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
 # Read again at the next iter(), as torch does: setting them takes effect then.
@@ -199,6 +200,9 @@ class DataLoader:
         batches = iter(self.batch_sampler) if cfg.auto_batch else iter(self.sampler)
         length = self._length()
         sessions = self._sessions
+        if sessions.persistent is not None and not owned_here(sessions.persistent.owner_pid):
+            sessions.persistent = None  # inherited through a fork: those workers are not ours
+            sessions.live = weakref.WeakSet()
         if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
             sessions.persistent.close()  # settings changed since its workers started
             sessions.persistent = None

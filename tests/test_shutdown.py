@@ -172,3 +172,26 @@ def test_nothing_named_appears_in_dev_shm_while_loading():
     next(it)
     assert set(os.listdir("/dev/shm")) == before
     del it
+
+
+def test_a_forked_child_starts_its_own_workers_and_refuses_the_parents_iterator():
+    loader = DataLoader(RangeDataset(6), batch_size=2, num_workers=1, persistent_workers=True)
+    with loader:
+        parents = iter(loader)
+        next(parents)
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit code, never return into pytest
+            code = 1
+            try:
+                try:
+                    next(parents)
+                except ShmloadError as exc:
+                    code = 2 if "forked child" in str(exc) else 3
+                if code == 2 and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]:
+                    code = 0
+                loader.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert [b.tolist() for b in parents] == [[2, 3], [4, 5]]  # the parent's workers were untouched
