@@ -37,7 +37,7 @@ def test_order_equals_a_single_process_run_whatever_order_workers_finish(num_wor
 
 
 def test_in_order_false_yields_every_batch_once_finished_first():
-    ds = SlowDataset(24, 0.5, slow={0})
+    ds = SlowDataset(24, 1.0, slow={0})
     got = labels(DataLoader(ds, batch_size=4, num_workers=2, in_order=False))
     assert sorted(map(tuple, got)) == [tuple(range(i, i + 4)) for i in range(0, 24, 4)]
     assert got[0] != [0, 1, 2, 3]  # the slow first batch was overtaken
