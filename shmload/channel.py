@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import array
 import os
-import pickle
 import socket
 import struct
 from collections import deque
@@ -115,7 +114,3 @@ class Channel:
     def close(self) -> None:
         self._drop_outbox()
         self.sock.close()
-
-
-def load(frame: bytes) -> Any:
-    return pickle.loads(frame)
