@@ -93,10 +93,10 @@ class MultiprocessEpoch(_Epoch):
         except StopIteration:
             self._finish()
             raise
-        except ShmloadError as exc:
+        except ShmloadError:
             if self._session.closed:  # a worker died: nothing more will come
                 self._finish()
-            raise exc
+            raise
 
     def _next(self) -> Any:
         deadline = None
