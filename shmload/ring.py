@@ -94,6 +94,9 @@ class Ring:
         """Slots of the current size (retired ones excluded)."""
         return sum(1 for s in self._slots if not s.retired)
 
+    def free_slots(self) -> int:
+        return len(self._free)
+
     def counts(self) -> dict[str, int]:
         out = {state.value: 0 for state in SlotState}
         for slot in self._slots:

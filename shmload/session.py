@@ -124,6 +124,8 @@ class Session:
             return False
         slot = None
         if self.ring.slot_bytes:  # else: sent without a slot; the worker's NeedSpace sizes the ring
+            if not self._may_overtake(len(self._slotless())):
+                return False  # earlier batches need the free slots
             slot = self.ring.take()
             if slot is None:
                 slot = self._grow_for_held()
@@ -133,6 +135,22 @@ class Session:
         self.dispatcher.assign(wid, (self.iteration, seq), _InFlight(task, slot))
         self.supervisor.send(wid, task)
         return True
+
+    def _slotless(self) -> list[int]:
+        """The batches of this iteration in flight without a slot, earliest first: sent
+        before the ring was sized, or waiting for a larger slot.
+
+        Workers load their tasks in order, so a later batch given the last slot first would
+        hold it while its worker waits for an earlier batch's slot: with few slots (a small
+        /dev/shm), nothing would ever move. So a batch may overtake earlier slotless ones
+        only while enough slots stay free for them (``_may_overtake``)."""
+        return sorted(e.task.seq for h in self.supervisor.workers for e in self.dispatcher.held_by(h.id)
+                      if e.slot is None and e.task.iteration == self.iteration)
+
+    def _may_overtake(self, earlier: int) -> bool:
+        """May a batch take a slot while ``earlier`` batches before it still have none?
+        Only if the free slots left after it still cover them."""
+        return earlier == 0 or self.ring.free_slots() - 1 >= earlier
 
     def _grow_for_held(self) -> Slot | None:
         """No slot is free: the consumer holds batches. Add slots rather than wait forever;
@@ -146,10 +164,21 @@ class Session:
         return self.ring.take()
 
     def _serve_space_wanted(self) -> None:
-        """Give waiting batches their larger slots: earliest batch first, and each request
-        tried, so a small request is not held up behind a larger one that does not fit."""
+        """Give waiting batches their larger slots, earliest first, so the next batch the
+        consumer needs is never held up behind a later, larger one; a later batch goes
+        before an earlier one that has not asked yet only if enough slots stay free for
+        it (see ``_slotless`` for why)."""
         self._space_error = None
+        if self._space_wanted and not self.ring.slot_bytes:  # the first batches size the ring
+            try:
+                self.ring.grow_capacity(max(need.nbytes for _, need in self._space_wanted))
+            except RingFullError as exc:
+                self._space_error = exc
+                return
+        slotless = self._slotless()
         for wid, need in sorted(self._space_wanted, key=lambda item: item[1].seq):
+            if not self._may_overtake(sum(1 for seq in slotless if seq < need.seq)):
+                return  # earlier batches have not asked yet, and they need the free slots
             slot = self.ring.take(need.nbytes)
             if slot is None:
                 try:
@@ -159,11 +188,12 @@ class Session:
                         self.ring.add_slots()
                 except RingFullError as exc:
                     self._space_error = exc
-                    continue
+                    return
                 slot = self.ring.take(need.nbytes)
                 if slot is None:
-                    continue
+                    return
             self._space_wanted.remove((wid, need))
+            slotless.remove(need.seq)
             key = (need.iteration, need.seq)
             entry = self.dispatcher.task(wid, key)
             self.dispatcher.assign(wid, key, entry._replace(slot=slot))

@@ -55,3 +55,42 @@ def test_a_loader_reports_the_shortage_instead_of_crashing(monkeypatch):
     with pytest.raises(SharedMemoryError, match=r"could not reserve .*iB .*docker run --shm-size"):
         next(iter(loader))
     loader.close()
+
+
+def _can_unshare() -> bool:
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10)
+    return probe.returncode == 0
+
+
+SMALL_SHM_SCRIPT = """
+import os, shmload
+from tests.helpers import ImageDataset
+loader = shmload.DataLoader(ImageDataset(32, shape=(3, 1024, 1024)), batch_size=4, num_workers=2)
+try:
+    print("finished", sum(1 for _ in loader))
+except shmload.ShmloadError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare to mount a private small /dev/shm")
+@pytest.mark.parametrize("size,expected", [
+    ("16m", r"RingFullError .*bound of 16.00 MiB \(the free space of /dev/shm.*--shm-size"),
+    ("25m", r"finished 8"),
+])
+def test_a_small_dev_shm_gives_a_clear_error_or_a_smaller_ring_never_sigbus(size, expected):
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} -c '{SMALL_SHM_SCRIPT}'"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", command], cwd=root, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr  # a SIGBUS would be -7 (135 from the shell)
+    assert re.search(expected, result.stdout), result.stdout + result.stderr
