@@ -178,6 +178,8 @@ class Ring:
                       "(max_shm_bytes=, or more /dev/shm: docker run --shm-size=...).")
         has = f"It has {self.num_slots} slots of {format_bytes(self.slot_bytes)}." if self.slot_bytes else \
             f"It needs {self.min_slots} slots."
+        if self.slot_bytes and self.num_slots < 2:
+            has += " A for-loop needs at least two: one for the batch it holds, one for the next."
         return RingFullError(
             f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, over its bound of "
             f"{format_bytes(self.max_bytes)} ({self.bound_source}). {has} {advice}")
