@@ -169,7 +169,9 @@ class Session:
         before an earlier one that has not asked yet only if enough slots stay free for
         it (see ``_slotless`` for why)."""
         self._space_error = None
-        if self._space_wanted and not self.ring.slot_bytes:  # the first batches size the ring
+        if not self._space_wanted:  # the common case, on every poll and dispatch
+            return
+        if not self.ring.slot_bytes:  # the first batches size the ring
             try:
                 self.ring.grow_capacity(max(need.nbytes for _, need in self._space_wanted))
             except RingFullError as exc:
