@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import array
 import os
+import pickle
 import socket
 import struct
 from collections import deque
-from multiprocessing import reduction
 from typing import Any
 
 _HEADER = struct.Struct("!i")
 _HUGE = struct.Struct("!Q")
+_READ_SIZE = 1 << 20
 
 
 class Channel:
@@ -45,7 +46,7 @@ class Channel:
         while the message still waits in the outbox)."""
         if self.broken:
             return
-        data = bytes(reduction.ForkingPickler.dumps(msg))
+        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)  # messages are plain data: no reducers needed
         self._out.append([memoryview(_HEADER.pack(len(data)) + data), None if fd is None else os.dup(fd)])
         self.flush()
 
@@ -87,7 +88,7 @@ class Channel:
         """Every complete frame that has arrived (pickled messages, not yet loaded)."""
         while True:
             try:
-                chunk = self.sock.recv(1 << 20)
+                chunk = self.sock.recv(_READ_SIZE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -96,6 +97,8 @@ class Channel:
                 self.eof = True
                 break
             self._in += chunk
+            if len(chunk) < _READ_SIZE:
+                break  # drained, most likely; the selector is level-triggered, so more is never lost
         frames = []
         while len(self._in) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self._in)

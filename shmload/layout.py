@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -253,9 +254,56 @@ def plan_stack(samples: Sequence[Any], indices: Sequence[int] | None = None) -> 
         raise CollateError("cannot collate an empty batch")
     batcher = _Batcher(True, indices)
     structure = batcher.first(samples[0], "sample")
+    if len(samples) > 1 and _transpose(structure, list(samples), batcher):
+        return batcher.plan(structure)
+    return _plan_stack_slowly(samples, indices)
+
+
+def _plan_stack_slowly(samples: Sequence[Any], indices: Sequence[int] | None) -> Plan:
+    """Sample by sample, naming the first mismatch: the reference for the fast path."""
+    batcher = _Batcher(True, indices)
+    structure = batcher.first(samples[0], "sample")
     for pos in range(1, len(samples)):
         batcher.match(structure, samples[pos], "sample", pos)
     return batcher.plan(structure)
+
+
+# The fast path. Validating sample by sample in Python costs microseconds per sample,
+# more than loading a small sample. Instead the samples are transposed into one column
+# per leaf with C-level builtins (map, zip, set), and each column is checked whole:
+# exact container types and lengths, exact ndarray type, one shape, one dtype. It is
+# deliberately stricter than the slow path (subclasses, tensors, numpy scalars are left
+# to it), so whenever it accepts a batch the slow path would have accepted it too, with
+# the same plan; when it declines, the slow path runs and names the first mismatch.
+_shape, _dtype = attrgetter("shape"), attrgetter("dtype")
+
+
+def _transpose(node: Any, values: list, batcher: _Batcher) -> bool:
+    """Fill ``batcher.columns`` for ``node`` from ``values`` (one per sample); False if any
+    check fails (the caller then takes the slow path)."""
+    if type(node) is Leaf:
+        kind = batcher.kinds[node.id]
+        if kind[0] == "array":
+            ok = (set(map(type, values)) == {np.ndarray} and set(map(_shape, values)) == {kind[1]}
+                  and set(map(_dtype, values)) == {kind[2]})
+        elif kind[0] == "scalar":
+            ok = set(map(type, values)) == {kind[1]}
+        else:
+            ok = True
+        batcher.columns[node.id] = values
+        return ok
+    if type(node) is Seq:
+        want = node.cls if node.kind == "namedtuple" else (tuple if node.kind == "tuple" else list)
+        if set(map(type, values)) != {want} or set(map(len, values)) != {len(node.children)}:
+            return False
+        return all(_transpose(child, list(column), batcher) for child, column in zip(node.children, zip(*values)))
+    if set(map(type, values)) != {node.cls or dict}:
+        return False
+    keys = set(node.keys)
+    if not all(v.keys() == keys for v in values):
+        return False
+    return all(_transpose(child, list(map(itemgetter(k), values)), batcher)
+               for k, child in zip(node.keys, node.children))
 
 
 def plan_convert(batch: Any, indices: Sequence[int] | None = None) -> Plan:
@@ -265,8 +313,16 @@ def plan_convert(batch: Any, indices: Sequence[int] | None = None) -> Plan:
 
 
 def _fill(out: np.ndarray, source: Any) -> None:
+    """Write one leaf. A column of validated, equal-shape arrays is concatenated along its
+    first axis into ``out`` seen as ``[B * n0, ...]``: the same bytes as ``np.stack``,
+    without its per-array Python work (3x faster for 256 small arrays)."""
     if isinstance(source, list) and source and isinstance(source[0], np.ndarray):
-        np.stack(source, out=out)
+        if out.size == 0:
+            return
+        if source[0].ndim:
+            np.concatenate(source, out=out.reshape((-1,) + out.shape[2:]))
+        else:
+            np.stack(source, out=out)
     else:
         out[...] = source
 

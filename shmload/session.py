@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from . import lifetime
 from .config import LoaderConfig
 from .dispatch import Dispatcher
+from .layout import ObjectValue
 from .errors import RingFullError, ShmloadError, format_bytes, format_indices, WorkerDiedError, WorkerError, WorkerStartupError
 from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .ring import Ring, Slot, SlotState
@@ -67,6 +68,7 @@ class Session:
         self.dispatcher = Dispatcher(cfg.num_workers, cfg.prefetch_factor)
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
+        self._layouts: dict[bytes, Any] = {}  # see _layout()
         if cfg.max_shm_bytes is not None:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
@@ -266,13 +268,15 @@ class Session:
                 self._space_wanted.append((wid, msg))  # served by the next poll() or try_dispatch()
             return None
         entry = self.dispatcher.complete(wid, key)
-        where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
-                 f"(dataset indices {format_indices(entry.task.indices)})")
         if stale or kind is Failed:
             self._give_back(entry.slot)
-            return None if stale else LoadFailed(msg.seq, msg.error.rebuild(where))
+            if stale:
+                return None
+            where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
+                     f"(dataset indices {format_indices(entry.task.indices)})")
+            return LoadFailed(msg.seq, msg.error.rebuild(where))
         try:
-            layout = pickle.loads(msg.layout)
+            layout = self._layout(msg.layout)
         except Exception as exc:
             self._give_back(entry.slot)
             return LoadFailed(msg.seq, WorkerError(
@@ -281,6 +285,19 @@ class Session:
         if entry.slot is not None:
             entry.slot.state = SlotState.READY
         return Loaded(msg.seq, entry.slot, layout)
+
+    def _layout(self, data: bytes) -> Any:
+        """Unpickle a batch's layout. Batches of one dataset mostly share theirs, so layouts
+        of arrays alone are kept by their pickle (immutable, so they can be shared); one
+        with object leaves is never kept: those leaves become the user's own lists."""
+        layout = self._layouts.get(data)
+        if layout is None:
+            layout = pickle.loads(data)
+            if not any(type(leaf) is ObjectValue for leaf in layout.leaves):
+                if len(self._layouts) >= 16:
+                    self._layouts.clear()
+                self._layouts[data] = layout
+        return layout
 
     def _give_back(self, slot: Slot | None) -> None:
         if slot is not None:

@@ -96,6 +96,7 @@ class _WorkerLoop:
         self.segments: dict[int, AttachedSegment] = {}
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
+        self.last_layout: tuple[Any, bytes] = (None, b"")  # see pickled_layout()
 
     # ------------------------------------------------------------ start-up
     def start(self) -> bool:
@@ -129,7 +130,7 @@ class _WorkerLoop:
             raise EOFError from exc
 
     def send(self, msg: Any) -> None:
-        self.conn.send_bytes(reduction.ForkingPickler.dumps(msg))
+        self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # plain data, see messages.py
 
     def run(self) -> None:
         while True:
@@ -196,7 +197,7 @@ class _WorkerLoop:
 
     def done(self, iteration: int, seq: int, plan: _layout.Plan) -> None:
         try:
-            layout = bytes(reduction.ForkingPickler.dumps(plan.layout))
+            layout = self.pickled_layout(plan.layout)
         except Exception as exc:
             try:
                 raise WorkerError("the batch holds a value that cannot be pickled to the main process "
@@ -205,6 +206,18 @@ class _WorkerLoop:
                 self.fail(iteration, seq, err)
             return
         self.send(Done(iteration, seq, layout))
+
+    def pickled_layout(self, layout: _layout.Layout) -> bytes:
+        """The layout's pickle, reused while batches keep the same layout. Only layouts of
+        arrays alone are compared: object leaves hold the user's values, whose ``==`` may
+        be expensive or not a plain bool."""
+        if layout == self.last_layout[0]:
+            return self.last_layout[1]
+        if any(type(leaf) is _layout.ObjectValue for leaf in layout.leaves):
+            return bytes(reduction.ForkingPickler.dumps(layout))
+        data = pickle.dumps(layout, pickle.HIGHEST_PROTOCOL)
+        self.last_layout = (layout, data)
+        return data
 
     def fail(self, iteration: int, seq: int, exc: BaseException) -> None:
         self.send(Failed(iteration, seq, RemoteError.capture(exc, traceback.format_exc())))

@@ -1,6 +1,7 @@
 """Batch layout and default collate: pure, no processes."""
 
 import collections
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -108,3 +109,72 @@ def test_convert_mode_keeps_arrays_and_passes_other_leaves_through():
 def test_zero_size_arrays_are_fine():
     batch = default_collate([(np.zeros((0, 3)), np.zeros(2))] * 2)
     assert batch[0].shape == (2, 0, 3) and batch[1].shape == (2, 2)
+
+
+# The fast path (columns checked whole) must agree with the sample-by-sample reference.
+class _Point(NamedTuple):
+    x: np.ndarray
+    tag: str
+
+
+class _MyTuple(tuple):
+    pass
+
+
+def _batches_for_fast_path():
+    rng = np.random.default_rng(0)
+    arr = lambda *shape: rng.random(shape, dtype=np.float32)  # noqa: E731
+    return {
+        "tuple of array and int": [(arr(3, 2), i) for i in range(5)],
+        "dict nested": [{"a": arr(4), "b": {"c": i % 2 == 0, "d": [float(i), "s"]}} for i in range(4)],
+        "namedtuple": [_Point(arr(2), f"t{i}") for i in range(3)],
+        "0-d arrays": [np.array(i, dtype=np.int16) for i in range(6)],
+        "numpy scalars (slow path)": [np.float32(i) for i in range(4)],
+        "tuple subclass (slow path)": [_MyTuple((arr(2), i)) for i in range(3)],
+        "zero-size arrays": [arr(0, 3) for _ in range(3)],
+        "list samples": [[arr(2, 2), i, None] for i in range(4)],
+        "dict key order differs": [{"a": 1, "b": 2.0}, {"b": 3.0, "a": 4}],
+        "non-contiguous arrays": [arr(4, 6)[:, ::2] for _ in range(3)],
+    }
+
+
+@pytest.mark.parametrize("name", list(_batches_for_fast_path()))
+def test_fast_path_plans_and_writes_exactly_what_the_reference_does(name):
+    samples = _batches_for_fast_path()[name]
+    fast, slow = L.plan_stack(samples), L._plan_stack_slowly(samples, None)
+    assert fast.layout == slow.layout
+    outputs = []
+    for plan in (fast, slow):
+        buf = np.full(plan.layout.nbytes + 64, 7, np.uint8)
+        L.write(plan, L.slot_destination(buf))
+        outputs.append(buf)
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    expected = L.build_local(slow)
+    got = L.build(fast.layout, L.slot_destination(outputs[0]))
+    assert repr(got) == repr(expected)
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    ([(np.zeros(3), 1), (np.zeros(4), 2)], r"field sample\[0\]: dataset index 1 .*shape \(4,\)"),
+    ([(np.zeros(3), 1), (np.zeros(3, np.float32), 2)], r"field sample\[0\]: dataset index 1 .*dtype float32"),
+    ([(np.zeros(3), 1), (np.zeros(3), 2.5)], r"field sample\[1\]: dataset index 1 \(position 1 in the batch\) has a float"),
+    ([(np.zeros(3), 1), [np.zeros(3), 2]], r"field sample: dataset index 1 \(position 1 in the batch\) has a list of length 2, expected a tuple"),
+    ([{"a": 1}, {"b": 1}], r"field sample: dataset index 1 \(position 1 in the batch\) has a dict with keys \['b'\]"),
+    ([(np.zeros(3), 1), (np.zeros(3), True)], r"field sample\[1\]: dataset index 1 \(position 1 in the batch\) has a bool"),
+])
+def test_mismatches_get_the_reference_error_whichever_path_runs(bad, pattern):
+    with pytest.raises(CollateError, match=pattern):
+        L.plan_stack(bad, [0, 1])
+
+
+def test_common_batches_take_the_fast_path_and_unusual_ones_the_reference(monkeypatch):
+    calls = []
+    slow = L._plan_stack_slowly
+    monkeypatch.setattr(L, "_plan_stack_slowly", lambda s, i: calls.append(1) or slow(s, i))
+    took_slow_path = {}
+    for name, samples in _batches_for_fast_path().items():
+        calls.clear()
+        L.plan_stack(samples)
+        took_slow_path[name] = bool(calls)
+    assert [n for n, slow_ in took_slow_path.items() if slow_] == ["numpy scalars (slow path)",
+                                                                  "tuple subclass (slow path)"]
