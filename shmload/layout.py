@@ -224,28 +224,39 @@ class _Batcher:
                             "Python scalars are batched into one array, so their type must not change.")
         self.columns[leaf_id].append(value)
 
-    def plan(self, structure: Any) -> Plan:
-        leaves, sources, offset = [], [], 0
-        batch = len(self.columns[0]) if self.columns else 0
-        for kind, column, path in zip(self.kinds, self.columns, self.paths):
-            if kind == ("scalar", int) and not (_INT64_MIN <= min(column) and max(column) <= _INT64_MAX):
-                bad = next(v for v in column if not _INT64_MIN <= v <= _INT64_MAX)
-                raise CollateError(f"cannot batch field {path}: the Python int {bad} does not fit in int64, "
-                                   "which Python ints are batched as; return it as a str or a float instead.")
+    def specs(self, batch: int) -> tuple[list, int]:
+        """Each leaf's ArraySpec (None for an object leaf) for ``batch`` samples, and the
+        bytes they span: decided by the leaves' kinds alone, before any value is seen."""
+        specs, offset = [], 0
+        for kind in self.kinds:
             if kind[0] == "object":
-                leaves.append(ObjectValue(column if self.stack else column[0]))
-                sources.append(None)
+                specs.append(None)
                 continue
             if kind[0] == "scalar":
                 shape, dtype = (batch,), _SCALAR_DTYPES[kind[1]]
             else:
                 shape, dtype = ((batch,) + tuple(kind[1]) if self.stack else tuple(kind[1])), kind[2]
             offset = -(-offset // ALIGN) * ALIGN
-            spec = ArraySpec(offset, shape, dtype)
-            leaves.append(spec)
-            sources.append(column if self.stack else column[0])
-            offset += spec.nbytes
-        return Plan(Layout(structure, tuple(leaves), offset), tuple(sources))
+            specs.append(ArraySpec(offset, shape, dtype))
+            offset += specs[-1].nbytes
+        return specs, offset
+
+    def plan(self, structure: Any) -> Plan:
+        batch = len(self.columns[0]) if self.columns else 0
+        specs, nbytes = self.specs(batch)
+        leaves, sources = [], []
+        for kind, column, path, spec in zip(self.kinds, self.columns, self.paths, specs):
+            if kind == ("scalar", int) and not (_INT64_MIN <= min(column) and max(column) <= _INT64_MAX):
+                bad = next(v for v in column if not _INT64_MIN <= v <= _INT64_MAX)
+                raise CollateError(f"cannot batch field {path}: the Python int {bad} does not fit in int64, "
+                                   "which Python ints are batched as; return it as a str or a float instead.")
+            if spec is None:
+                leaves.append(ObjectValue(column if self.stack else column[0]))
+                sources.append(None)
+            else:
+                leaves.append(spec)
+                sources.append(column if self.stack else column[0])
+        return Plan(Layout(structure, tuple(leaves), nbytes), tuple(sources))
 
 
 def plan_stack(samples: Sequence[Any], indices: Sequence[int] | None = None) -> Plan:
@@ -328,9 +339,10 @@ def _fill(out: np.ndarray, source: Any) -> None:
 
 
 def write(plan: Plan, destination: Callable[[ArraySpec], np.ndarray]) -> None:
-    """Copy every array leaf of ``plan`` into ``destination(spec)``: one copy per byte."""
+    """Copy every array leaf of ``plan`` into ``destination(spec)``: one copy per byte.
+    A leaf whose source is None was written already (see stream.py)."""
     for spec, source in zip(plan.layout.leaves, plan.sources):
-        if type(spec) is ArraySpec:
+        if type(spec) is ArraySpec and source is not None:
             _fill(destination(spec), source)
 
 

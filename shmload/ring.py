@@ -11,7 +11,11 @@ its completion message (credit-based dispatch: a task is sent with its slot).
 
 Sizing. Steady state needs ``num_workers * prefetch_factor`` slots for the batches in
 flight, plus the batches the consumer holds: a ``for`` loop still holds the previous
-batch while ``next()`` runs, so the ring starts with two more (``min_slots``). Growth:
+batch while ``next()`` runs, so the ring aims for two more (``min_slots``). It does not
+make them all at once: the first batch's size creates only the slots asked for at that
+moment, and the rest come one at a time as tasks need them (:meth:`add_slots`). Creating
+shared memory costs about a millisecond per 4 MB here (reserving and zeroing the pages),
+so the first batch should not wait for the whole ring. Growth:
 
 * a batch larger than the slots (variable-size samples): :meth:`grow_capacity` maps a
   new segment of larger slots and retires every old slot; free ones go at once, busy
@@ -138,14 +142,16 @@ class Ring:
             seg.close()
 
     # ------------------------------------------------------------ growth
-    def grow_capacity(self, nbytes: int) -> None:
-        """Replace the slots with larger ones holding at least ``nbytes``: as many as the
-        ring had (at least ``min_slots``), or as many as fit under the bound."""
+    def grow_capacity(self, nbytes: int, count: int | None = None) -> None:
+        """Replace the slots with larger ones holding at least ``nbytes``: ``count`` of them,
+        by default as many as the ring had (at least ``min_slots``), or as many as fit
+        under the bound."""
         capacity = page_round(max(nbytes, int(self.slot_bytes * GROWTH)) if self.slot_bytes else nbytes)
         # A retired segment's memory goes only when all its slots are free.
         busy = {s.segment.id for s in self._slots if s.state is not SlotState.FREE}
         kept = sum(seg.size for sid, seg in self._segments.items() if sid in busy)
-        count = min(max(self.min_slots, self.num_slots), (self.max_bytes - kept) // capacity)
+        wanted = max(self.min_slots, self.num_slots) if count is None else count
+        count = min(wanted, (self.max_bytes - kept) // capacity)
         if count < 1:
             raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",
                              kept + capacity)
@@ -158,10 +164,13 @@ class Ring:
         self._add_segment(count)
 
     def add_slots(self) -> None:
-        """Add as many slots again (at least one), for batches the consumer holds."""
+        """Add a slot while the ring has fewer than ``min_slots`` (it is being filled on
+        demand after a small first sizing); past that, as many slots again, for batches
+        the consumer holds."""
         if not self.slot_bytes:
             raise RuntimeError("add_slots() before the ring was sized")
-        count = min(max(1, self.num_slots), (self.max_bytes - self.nbytes) // self.slot_bytes)
+        wanted = 1 if self.num_slots < self.min_slots else self.num_slots
+        count = min(wanted, (self.max_bytes - self.nbytes) // self.slot_bytes)
         if count < 1:
             raise self._full("add a slot for another batch", self.nbytes + self.slot_bytes)
         self._add_segment(count)

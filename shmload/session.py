@@ -126,7 +126,7 @@ class Session:
             return False
         slot = None
         if self.ring.slot_bytes:  # else: sent without a slot; the worker's NeedSpace sizes the ring
-            if not self._may_overtake(len(self._slotless())):
+            if not self._room_for(len(self._slotless())):
                 return False  # earlier batches need the free slots
             slot = self.ring.take()
             if slot is None:
@@ -154,6 +154,18 @@ class Session:
         Only if the free slots left after it still cover them."""
         return earlier == 0 or self.ring.free_slots() - 1 >= earlier
 
+    def _room_for(self, earlier: int) -> bool:
+        """``_may_overtake``, after adding slots while the ring is still short of its
+        target size (it is filled on demand, see ring.py)."""
+        while not (self._may_overtake(earlier) and self.ring.free_slots()):
+            if self.ring.num_slots >= self.ring.min_slots:
+                break
+            try:
+                self.ring.add_slots()
+            except RingFullError:
+                break
+        return self._may_overtake(earlier)
+
     def _grow_for_held(self) -> Slot | None:
         """No slot is free: the consumer holds batches. Add slots rather than wait forever;
         past the bound, wait if a slot can still come back, else raise."""
@@ -175,13 +187,15 @@ class Session:
             return
         if not self.ring.slot_bytes:  # the first batches size the ring
             try:
-                self.ring.grow_capacity(max(need.nbytes for _, need in self._space_wanted))
+                # only the slots asked for now: the first batch need not wait for the whole ring
+                self.ring.grow_capacity(max(need.nbytes for _, need in self._space_wanted),
+                                        count=len(self._space_wanted))
             except RingFullError as exc:
                 self._space_error = exc
                 return
         slotless = self._slotless()
         for wid, need in sorted(self._space_wanted, key=lambda item: item[1].seq):
-            if not self._may_overtake(sum(1 for seq in slotless if seq < need.seq)):
+            if not self._room_for(sum(1 for seq in slotless if seq < need.seq)):
                 return  # earlier batches have not asked yet, and they need the free slots
             slot = self.ring.take(need.nbytes)
             if slot is None:

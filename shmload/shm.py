@@ -5,7 +5,7 @@ Life of a segment (main process)::
     shm_open(O_CREAT | O_EXCL, 0600, "/shmload-<96 random bits>")
     shm_unlink(name)              # at once: from here on the segment has no name
     posix_fallocate(fd, 0, size)  # reserve the pages for real (see below)
-    mmap(fd, MAP_SHARED | MAP_POPULATE)
+    mmap(fd, MAP_SHARED)           # pages mapped on first touch (see _platform.MAP_FLAGS)
     ...fd sent to each worker over its Unix socket (SCM_RIGHTS)...
 
 Why unlink before anyone else attaches: the name exists for a few microseconds inside

@@ -31,6 +31,7 @@ from .fetch import fetch
 from .messages import (Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
                        StartupFailed, Task)
 from .shm import AttachedSegment
+from .stream import MIN_SAMPLE_BYTES, StreamedBatch
 
 WATCHDOG_INTERVAL = 0.5
 
@@ -169,12 +170,39 @@ class _WorkerLoop:
         a, user = self.args, self.user
         try:
             seeding.seed_globals(a.seed, task.epoch, task.seq)
-            samples = fetch(user.dataset, task.indices, a.auto_batch)
+            if self.streams(task):
+                samples = self.load_streamed(task)
+                if samples is None:
+                    return  # written and reported
+            else:
+                samples = fetch(user.dataset, task.indices, a.auto_batch)
             plan = _collate.make_plan(samples, task.indices, user.collate_fn, a.auto_batch)
         except Exception as exc:
             self.fail(task.iteration, task.seq, exc)
             return
         self.place(task.iteration, task.seq, plan, task.slot)
+
+    def streams(self, task: Task) -> bool:
+        """May this batch be fetched and written one sample at a time (see stream.py)?"""
+        user = self.user
+        return (task.slot is not None and self.args.auto_batch and user.collate_fn is None
+                and len(task.indices) > 0 and not hasattr(user.dataset, "__getitems__"))
+
+    def load_streamed(self, task: Task) -> list | None:
+        """Stream the batch into its slot and report it (None), or, if its samples are
+        small or it does not fit, return the fetched samples for the default path."""
+        dataset, indices = self.user.dataset, task.indices
+        first = dataset[indices[0]]
+        batch = StreamedBatch(first, indices)
+        if batch.sample_bytes < MIN_SAMPLE_BYTES or batch.nbytes > task.slot.capacity:
+            return [first] + [dataset[i] for i in indices[1:]]
+        del first
+        target = self.segments[task.slot.segment].array[task.slot.offset:task.slot.offset + task.slot.capacity]
+        plan = batch.write(_layout.slot_destination(target), (dataset[i] for i in indices[1:]))
+        _layout.write(plan, _layout.slot_destination(target))  # the small leaves (Python scalars)
+        del target
+        self.done(task.iteration, task.seq, plan)
+        return None
 
     def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None) -> None:
         """Write the batch into its slot and report it, or ask for a larger slot."""

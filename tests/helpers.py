@@ -250,3 +250,27 @@ class ListBatchSampler:
 
     def __len__(self):
         return len(self.batches)
+
+
+class LiveSamplesDataset(RangeDataset):
+    """Large samples (a 96 KiB float32 array, its live count, i, a name); the count is how
+    many arrays this dataset returned are still alive in this process when sample i is made,
+    which shows whether a worker keeps a whole batch in memory."""
+
+    def __init__(self, n: int, bad: int | None = None):
+        super().__init__(n)
+        self.bad = bad  # this index returns a smaller array
+
+    alive = 0  # per process
+
+    @staticmethod
+    def _gone() -> None:
+        LiveSamplesDataset.alive -= 1
+
+    def __getitem__(self, i: int):
+        import weakref
+        image = np.full((128, 192) if i != self.bad else (128, 191), i, np.float32)
+        count = LiveSamplesDataset.alive
+        LiveSamplesDataset.alive += 1
+        weakref.finalize(image, LiveSamplesDataset._gone)
+        return image, count, i, f"s{i}"

@@ -22,9 +22,10 @@ def test_a_larger_last_batch_is_loaded_after_the_sampler_is_exhausted():
 
 
 def test_growth_that_cannot_fit_the_bound_raises_once_waiting_cannot_help():
-    # A Docker-like bound: six slots of 1 MiB fill it, then batch 20 needs more. Its request
-    # waits while earlier (slow) batches are still coming, and fails once batch 20 is next.
-    sizes = [MIB - PAGE] * 20 + [MIB + 100 * PAGE] + [MIB - PAGE] * 5
+    # A Docker-like bound: six slots of 1 MiB fill it, then batch 20 needs 6 MiB, which fits
+    # only once every other slot is free. Its request waits while earlier (slow) batches are
+    # still coming, and fails once batch 20 is next: the consumer then holds batch 19.
+    sizes = [MIB - PAGE] * 20 + [6 * MIB] + [MIB - PAGE] * 5
     loader = DataLoader(SizedDataset(sizes, slow=range(15, 21), delay=0.1), batch_size=None, num_workers=2,
                         max_shm_bytes=6 * MIB + MIB // 2)
     got = []

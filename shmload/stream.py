@@ -1,0 +1,66 @@
+"""Streaming collate: fetch a batch of large samples one at a time, straight into the slot.
+
+The default path fetches every sample of a batch, then copies them into the slot. With
+large samples (images of hundreds of KB) that keeps a whole batch alive in the worker's
+heap, and malloc hands blocks that large back to the kernel when they are freed, so the
+next batch's samples land on fresh pages: the worker pays a page fault per 4 KiB and its
+copies run at fresh-memory speed (measured: 16.6 ms to fetch 32 samples of 786 KB,
+6,100 faults, against 3.6 ms fetching and writing them one at a time).
+
+Here sample 0 fixes the layout (structure, shapes and dtypes, and the batch size, which
+is the number of indices); every later sample is checked against it as it arrives, with
+the reference checks and messages of ``layout``, and its arrays are written to their row
+of the slot at once and dropped. The worker's heap then holds about one sample, warm in
+the cache, and the batch in the slot is byte for byte what the default path writes.
+
+Used only when it cannot change the outcome: the default collate, automatic batching,
+no ``__getitems__``, a slot already given (the first batch sizes the ring the usual
+way), sample 0's arrays of at least :data:`MIN_SAMPLE_BYTES`, and a layout that fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .layout import ArraySpec, Plan, _Batcher
+
+# Below this, fetching the whole batch first costs nothing worth avoiding, and the
+# column-at-a-time fast path of ``layout.plan_stack`` is quicker than going sample by sample.
+MIN_SAMPLE_BYTES = 64 * 1024
+
+
+class StreamedBatch:
+    """The layout a batch will have, known from its first sample."""
+
+    def __init__(self, first: Any, indices: Sequence[int]):
+        self._batcher = _Batcher(True, indices)
+        self._structure = self._batcher.first(first, "sample")
+        self._specs, self.nbytes = self._batcher.specs(len(indices))
+        self._arrays = [i for i, kind in enumerate(self._batcher.kinds) if kind[0] == "array"]
+        self.sample_bytes = sum(self._specs[i].nbytes for i in self._arrays) // max(1, len(indices))
+        self._count = len(indices)
+
+    def write(self, destination: Callable[[ArraySpec], np.ndarray], rest: Iterable[Any]) -> Plan:
+        """Write sample 0 and then each of ``rest`` (the other samples, in order) into
+        ``destination``; the returned plan's array leaves are written already."""
+        b = self._batcher
+        views = {i: destination(self._specs[i]) for i in self._arrays}
+        self._take(views, 0)
+        pos = 0
+        for pos, sample in enumerate(rest, 1):
+            b.match(self._structure, sample, "sample", pos)
+            del sample
+            self._take(views, pos)
+        if pos + 1 != self._count:
+            raise RuntimeError(f"expected {self._count} samples, got {pos + 1}")
+        plan = b.plan(self._structure)
+        return plan._replace(sources=tuple(None if i in views else src for i, src in enumerate(plan.sources)))
+
+    def _take(self, views: dict[int, np.ndarray], pos: int) -> None:
+        """Write sample ``pos``'s arrays (the last entry of each array column) and let go of them."""
+        for i, view in views.items():
+            column = self._batcher.columns[i]
+            view[pos] = column[-1]
+            column[-1] = None
