@@ -14,8 +14,9 @@ of the slot at once and dropped. The worker's heap then holds about one sample, 
 the cache, and the batch in the slot is byte for byte what the default path writes.
 
 Used only when it cannot change the outcome: the default collate, automatic batching,
-no ``__getitems__``, a slot already given (the first batch sizes the ring the usual
-way), sample 0's arrays of at least :data:`MIN_SAMPLE_BYTES`, and a layout that fits.
+no ``__getitems__``, and sample 0's arrays of at least :data:`MIN_SAMPLE_BYTES`. Since
+sample 0 tells the batch's size, a worker without a large enough slot asks for one
+before fetching the rest (``worker.py``), so even the batches that size the ring stream.
 """
 
 from __future__ import annotations

@@ -185,19 +185,29 @@ class _WorkerLoop:
     def streams(self, task: Task) -> bool:
         """May this batch be fetched and written one sample at a time (see stream.py)?"""
         user = self.user
-        return (task.slot is not None and self.args.auto_batch and user.collate_fn is None
-                and len(task.indices) > 0 and not hasattr(user.dataset, "__getitems__"))
+        return (self.args.auto_batch and user.collate_fn is None and len(task.indices) > 0
+                and not hasattr(user.dataset, "__getitems__"))
 
     def load_streamed(self, task: Task) -> list | None:
         """Stream the batch into its slot and report it (None), or, if its samples are
-        small or it does not fit, return the fetched samples for the default path."""
+        small, return the fetched samples for the default path.
+
+        The first sample tells the batch's size, so a batch without a (large enough) slot
+        asks for one right then, before fetching the rest: even the batches that size the
+        ring never sit whole in the worker's heap."""
         dataset, indices = self.user.dataset, task.indices
         first = dataset[indices[0]]
         batch = StreamedBatch(first, indices)
-        if batch.sample_bytes < MIN_SAMPLE_BYTES or batch.nbytes > task.slot.capacity:
+        if batch.sample_bytes < MIN_SAMPLE_BYTES:
             return [first] + [dataset[i] for i in indices[1:]]
+        slot = task.slot
+        while slot is None or batch.nbytes > slot.capacity:
+            self.send(NeedSpace(task.iteration, task.seq, batch.nbytes))
+            slot = self.await_reassign(task.iteration, task.seq)
+            if slot is None:
+                return None  # its epoch was abandoned
         del first
-        target = self.segments[task.slot.segment].array[task.slot.offset:task.slot.offset + task.slot.capacity]
+        target = self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
         plan = batch.write(_layout.slot_destination(target), (dataset[i] for i in indices[1:]))
         _layout.write(plan, _layout.slot_destination(target))  # the small leaves (Python scalars)
         del target

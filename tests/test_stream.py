@@ -58,13 +58,13 @@ def test_workers_hold_one_large_sample_at_a_time_and_batches_match_the_default_p
     assert [b[2].tolist() for b in batches] == [list(range(i, i + 8)) for i in range(0, 48, 8)]
     for image, _, index, names in batches:
         assert (image == index[:, None, None]).all() and names == [f"s{i}" for i in index]
-    # The batches sent before the ring was sized (workers x prefetch_factor) are loaded
-    # whole; after that a worker holds at most one earlier sample while it makes the next.
-    later = np.concatenate([b[1] for b in batches[4:]])
-    assert later.max() <= 1, later
-    first = np.concatenate([b[1] for b in batches[:4]])
-    assert first.max() >= 6  # the default path really does hold the batch: the check can fail
+    # A worker holds at most one earlier sample while it makes the next, even in the
+    # batches sent before the ring was sized (they ask for a slot after their first sample).
+    counts = np.concatenate([b[1] for b in batches])
+    assert counts.max() <= 1, counts
     reference = list(DataLoader(ds, batch_size=8, num_workers=0))
+    # The in-process path holds the whole batch, so the same check fails there: it can fail.
+    assert max(int(b[1].max()) for b in reference) >= 6
     for got, want in zip(batches, reference):
         np.testing.assert_array_equal(got[0], want[0])
 
