@@ -1,0 +1,1 @@
+"""shmload benchmarks: `python -m benchmarks.run --help`."""

@@ -1,0 +1,69 @@
+"""The benchmark suite's pure parts: summaries, ratios, targets, the crop rule. (The suite
+itself runs in CI as `python -m benchmarks.run --quick`.)"""
+
+import random
+
+import pytest
+
+from benchmarks import report
+from benchmarks.workloads import random_resized_crop_box
+
+
+def _run(seconds, batches=10, batch_bytes=1_000_000, **extra):
+    epochs = [{"seconds": s, "batches": batches, "consumer_thread_cpu": 0.01, "main_cpu": 0.02,
+               "workers_cpu": 0.05, "duplicates": 0, "missing": 0, "checksum": 5.0} for s in seconds]
+    return {"epochs": epochs, "batches_per_epoch": batches, "batch_bytes": batch_bytes, "batch_size": 4,
+            "time_to_first_batch": 0.1, "expected_checksum": 5.0, "peak_pss": 300e6, "baseline_pss": 100e6,
+            **extra}
+
+
+def test_a_run_is_summarized_from_its_median_epoch_and_per_batch_totals():
+    s = report.summarize_run(_run([1.0, 0.5, 2.0]))
+    assert s["batches_per_s"] == 10 and s["mb_per_s"] == 10 and s["images_per_s"] == 40
+    assert s["main_cpu_ms"] == pytest.approx(2.0) and s["workers_cpu_ms"] == pytest.approx(5.0)
+    assert s["peak_pss_above_start_mb"] == 200 and s["checksum_ok"]
+
+
+def test_a_wrong_checksum_is_reported_unless_the_epoch_had_duplicates():
+    run = _run([1.0])
+    run["epochs"][0]["checksum"] = 6.0
+    assert not report.summarize_run(run)["checksum_ok"]
+    run["epochs"][0]["duplicates"] = 3  # an unordered peer's epoch: its checksum cannot match
+    assert report.summarize_run(run)["checksum_ok"]
+
+
+def test_runs_combine_to_medians_with_their_range_and_skips_are_kept():
+    combined = report.combine([_run([1.0]), _run([0.5]), _run([0.25]), {"error": "timed out"}])
+    assert combined["batches_per_s"] == 20 and combined["batches_per_s_range"] == (10, 40) and combined["runs"] == 3
+    assert report.combine([{"skipped": "cannot import spdl"}]) == {"skipped": "cannot import spdl"}
+
+
+def test_targets_compare_shmload_with_the_named_peers():
+    results = {"tiny": {"shmload": report.combine([_run([0.1])]), "torch": report.combine([_run([1.0])]),
+                        "tp-runner": report.combine([_run([0.05])])}}
+    by_text = {t.text: t for t in report.targets(results, None, 2)}
+    assert by_text["tiny: shmload / torch DataLoader"].value == pytest.approx(10)
+    assert by_text["tiny: shmload / torch DataLoader"].met is False
+    assert by_text["tiny: shmload / tensorpack MultiProcessRunnerZMQ"].value == pytest.approx(0.5)
+    assert by_text["transport-big: shmload / torch DataLoader"].met is None  # not run
+    assert "[MISSED]" in by_text["tiny: shmload / torch DataLoader"].line()
+
+
+def test_the_table_names_every_loader_and_flags_unordered_and_duplicate_output():
+    shm = report.combine([_run([0.1])])
+    runner = report.combine([_run([0.2])])
+    runner.update(ordered=False, duplicates=8, missing=8)
+    text = report.table("transport", {"shmload": shm, "tp-runner": runner, "spdl": {"skipped": "no spdl"}}, None, 2)
+    assert "**shmload**" in text and "0.50x" in text and "skipped: no spdl" in text
+    assert "8 dup / 8 missing samples, unordered" in text
+
+
+def test_random_resized_crop_stays_inside_the_image_with_torchvisions_bounds():
+    random.seed(0)
+    for _ in range(2000):
+        left, top, w, h = random_resized_crop_box(500, 375)
+        assert 0 <= left and left + w <= 500 and 0 <= top and top + h <= 375
+        assert w > 0 and h > 0
+    # an extreme aspect ratio takes the fallback: the central crop with the ratio clamped
+    random.seed(1)
+    assert random_resized_crop_box(1000, 10, scale=(0.99, 1.0), ratio=(1.0, 1.0)) == (495, 0, 10, 10)
