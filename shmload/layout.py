@@ -264,7 +264,12 @@ def plan_stack(samples: Sequence[Any], indices: Sequence[int] | None = None) -> 
     if len(samples) == 0:
         raise CollateError("cannot collate an empty batch")
     batcher = _Batcher(True, indices)
-    structure = batcher.first(samples[0], "sample")
+    return _plan_stack_after_first(batcher, batcher.first(samples[0], "sample"), samples, indices)
+
+
+def _plan_stack_after_first(batcher: _Batcher, structure: Any, samples: Sequence[Any],
+                            indices: Sequence[int] | None) -> Plan:
+    """``plan_stack`` once ``batcher.first`` has read sample 0 (stream.py reuses it)."""
     if len(samples) > 1 and _transpose(structure, list(samples), batcher):
         return batcher.plan(structure)
     return _plan_stack_slowly(samples, indices)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .layout import ArraySpec, Plan, _Batcher
+from .layout import ArraySpec, Plan, _Batcher, _plan_stack_after_first
 
 # Below this, fetching the whole batch first costs nothing worth avoiding, and the
 # column-at-a-time fast path of ``layout.plan_stack`` is quicker than going sample by sample.
@@ -58,6 +58,11 @@ class StreamedBatch:
             raise RuntimeError(f"expected {self._count} samples, got {pos + 1}")
         plan = b.plan(self._structure)
         return plan._replace(sources=tuple(None if i in views else src for i, src in enumerate(plan.sources)))
+
+    def plan(self, samples: list) -> Plan:
+        """The default path's plan for ``samples`` (sample 0 first), reusing what sample 0
+        told: for batches whose samples are too small to stream."""
+        return _plan_stack_after_first(self._batcher, self._structure, samples, self._batcher.indices)
 
     def _take(self, views: dict[int, np.ndarray], pos: int) -> None:
         """Write sample ``pos``'s arrays (the last entry of each array column) and let go of them."""

@@ -168,19 +168,24 @@ class _WorkerLoop:
     # ------------------------------------------------------------ the data path
     def load(self, task: Task) -> None:
         a, user = self.args, self.user
+        written = False
         try:
             seeding.seed_globals(a.seed, task.epoch, task.seq)
             if self.streams(task):
-                samples = self.load_streamed(task)
-                if samples is None:
-                    return  # written and reported
+                streamed = self.load_streamed(task)
+                if streamed is None:
+                    return  # its epoch was abandoned while it waited for a slot
+                plan, written = streamed
             else:
                 samples = fetch(user.dataset, task.indices, a.auto_batch)
-            plan = _collate.make_plan(samples, task.indices, user.collate_fn, a.auto_batch)
+                plan = _collate.make_plan(samples, task.indices, user.collate_fn, a.auto_batch)
         except Exception as exc:
             self.fail(task.iteration, task.seq, exc)
             return
-        self.place(task.iteration, task.seq, plan, task.slot)
+        if written:
+            self.done(task.iteration, task.seq, plan)
+        else:
+            self.place(task.iteration, task.seq, plan, task.slot)
 
     def streams(self, task: Task) -> bool:
         """May this batch be fetched and written one sample at a time (see stream.py)?"""
@@ -188,9 +193,10 @@ class _WorkerLoop:
         return (self.args.auto_batch and user.collate_fn is None and len(task.indices) > 0
                 and not hasattr(user.dataset, "__getitems__"))
 
-    def load_streamed(self, task: Task) -> list | None:
-        """Stream the batch into its slot and report it (None), or, if its samples are
-        small, return the fetched samples for the default path.
+    def load_streamed(self, task: Task) -> tuple[_layout.Plan, bool] | None:
+        """The batch's plan, and whether it is written already: streamed into its slot, or,
+        if its samples are small, fetched whole and planned the default way (reusing what
+        sample 0 told). None if the epoch was abandoned while waiting for a slot.
 
         The first sample tells the batch's size, so a batch without a (large enough) slot
         asks for one right then, before fetching the rest: even the batches that size the
@@ -199,35 +205,39 @@ class _WorkerLoop:
         first = dataset[indices[0]]
         batch = StreamedBatch(first, indices)
         if batch.sample_bytes < MIN_SAMPLE_BYTES:
-            return [first] + [dataset[i] for i in indices[1:]]
-        slot = task.slot
-        while slot is None or batch.nbytes > slot.capacity:
-            self.send(NeedSpace(task.iteration, task.seq, batch.nbytes))
-            slot = self.await_reassign(task.iteration, task.seq)
-            if slot is None:
-                return None  # its epoch was abandoned
+            return batch.plan([first] + [dataset[i] for i in indices[1:]]), False
         del first
-        target = self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
+        slot = self.slot_for(task.iteration, task.seq, batch.nbytes, task.slot)
+        if slot is None:
+            return None
+        target = self.slot_array(slot)
         plan = batch.write(_layout.slot_destination(target), (dataset[i] for i in indices[1:]))
         _layout.write(plan, _layout.slot_destination(target))  # the small leaves (Python scalars)
-        del target
-        self.done(task.iteration, task.seq, plan)
-        return None
+        return plan, True
+
+    def slot_for(self, iteration: int, seq: int, nbytes: int, slot: SlotRef | None) -> SlotRef | None:
+        """``slot`` if it holds ``nbytes``, else a larger one asked for (None: the epoch
+        was abandoned meanwhile)."""
+        while slot is None or nbytes > slot.capacity:
+            self.send(NeedSpace(iteration, seq, nbytes))
+            slot = self.await_reassign(iteration, seq)
+            if slot is None:
+                return None
+        return slot
+
+    def slot_array(self, slot: SlotRef):
+        return self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
 
     def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None) -> None:
         """Write the batch into its slot and report it, or ask for a larger slot."""
         if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
             self.done(iteration, seq, plan)
             return
-        while slot is None or plan.layout.nbytes > slot.capacity:
-            self.send(NeedSpace(iteration, seq, plan.layout.nbytes))
-            slot = self.await_reassign(iteration, seq)
-            if slot is None:
-                return  # its epoch was abandoned
+        slot = self.slot_for(iteration, seq, plan.layout.nbytes, slot)
+        if slot is None:
+            return  # its epoch was abandoned
         try:
-            target = self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
-            _layout.write(plan, _layout.slot_destination(target))
-            del target
+            _layout.write(plan, _layout.slot_destination(self.slot_array(slot)))
         except Exception as exc:
             self.fail(iteration, seq, exc)
             return
@@ -249,10 +259,10 @@ class _WorkerLoop:
         """The layout's pickle, reused while batches keep the same layout. Only layouts of
         arrays alone are compared: object leaves hold the user's values, whose ``==`` may
         be expensive or not a plain bool."""
-        if layout == self.last_layout[0]:
-            return self.last_layout[1]
         if any(type(leaf) is _layout.ObjectValue for leaf in layout.leaves):
             return bytes(reduction.ForkingPickler.dumps(layout))
+        if layout == self.last_layout[0]:
+            return self.last_layout[1]
         data = pickle.dumps(layout, pickle.HIGHEST_PROTOCOL)
         self.last_layout = (layout, data)
         return data
