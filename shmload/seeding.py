@@ -4,12 +4,17 @@ Why per batch rather than per worker (as torch does): a batch's random augmentat
 then depend only on which batch it is, not on which worker happened to load it, so the
 same ``seed`` gives bit-identical batches for any ``num_workers``, including 0.
 
-Streams are separated with :class:`numpy.random.SeedSequence` spawn keys, so the
-sampler's shuffle and the augmentations never share random numbers.
+The sampler's order comes from a :class:`numpy.random.SeedSequence` (stream
+``SAMPLER_STREAM``); a batch's global seeds come from a keyed BLAKE2b hash of (seed,
+epoch, position). Both are full-avalanche mixers, so neighbouring batches get unrelated
+seeds and the sampler never shares random numbers with the augmentations. The hash is
+used per batch because it is ~20x cheaper than building a SeedSequence (0.5 against
+11 us), and seeding runs once per batch in the worker's hot path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import secrets
 import sys
@@ -19,7 +24,6 @@ from typing import Iterator
 import numpy as np
 
 SAMPLER_STREAM = 0
-BATCH_STREAM = 1
 
 
 def draw_base_seed(generator=None) -> int:
@@ -47,16 +51,22 @@ def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng(sequence(seed, epoch, SAMPLER_STREAM)).permutation(n)
 
 
+def batch_seed(seed: int, epoch: int, position: int) -> int:
+    """The 64-bit seed of one batch's global RNGs."""
+    key = b"%d:%d:%d" % (seed, epoch, position)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"shmload-batch").digest(), "little")
+
+
 def seed_globals(seed: int, epoch: int, position: int) -> None:
     """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch."""
-    words = sequence(seed, epoch, BATCH_STREAM, position).generate_state(2, np.uint32)
-    random.seed(int(words[0]) << 32 | int(words[1]))
-    np.random.seed(int(words[0]))
+    value = batch_seed(seed, epoch, position)
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
     if torch is not None:
         # The CPU generator only: torch.manual_seed() also visits every accelerator
         # backend and costs ~170 us, more than the rest of the batch's bookkeeping.
-        torch.default_generator.manual_seed(int(words[0]) << 32 | int(words[1]))
+        torch.default_generator.manual_seed(value)
 
 
 @contextmanager

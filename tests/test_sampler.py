@@ -50,3 +50,11 @@ def test_bad_seed_and_epoch():
         RandomSampler(range(3), seed=-1)
     with pytest.raises(ValueError, match="epoch should be a non-negative integer"):
         RandomSampler(range(3)).set_epoch("1")
+
+
+def test_batch_seeds_are_fixed_by_seed_epoch_and_position_and_differ_between_them():
+    from shmload.seeding import batch_seed
+    seeds = {batch_seed(seed, epoch, pos) for seed in (0, 1, 2**62) for epoch in range(3) for pos in range(50)}
+    assert len(seeds) == 3 * 3 * 50  # no two batches share their seed
+    assert batch_seed(7, 1, 3) == batch_seed(7, 1, 3) and 0 <= batch_seed(7, 1, 3) < 2**64
+    assert batch_seed(1, 23, 4) != batch_seed(12, 3, 4)  # the fields cannot run into each other
