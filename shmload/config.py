@@ -12,7 +12,7 @@ class LoaderConfig:
     auto_batch: bool  # False with batch_size=None: one sample per step, nothing stacked
     collate_fn: Callable | None  # None: the default collate, written straight into the slot
     num_workers: int
-    prefetch_factor: int
+    prefetch_factor: int | None  # None: 2, deeper for small batches (dispatch.prefetch_depth)
     persistent_workers: bool
     timeout: float
     worker_init_fn: Callable | None

@@ -1,4 +1,5 @@
-"""Dispatch: which worker gets the next task (credit accounting, pure).
+"""Dispatch: how many tasks each worker may hold, and which worker gets the next one
+(credit accounting, pure).
 
 Each worker may hold at most ``per_worker`` tasks (torch's ``prefetch_factor``). The next
 task goes to the live worker holding the fewest, so a slow worker is given less work
@@ -9,6 +10,30 @@ in flight, so a failure can name the indices a worker was holding.
 from __future__ import annotations
 
 from typing import Any
+
+DEFAULT_PREFETCH = 2  # torch's default prefetch_factor
+AUTO_PREFETCH_BYTES = 1 << 20  # per worker, for prefetch_factor=None
+MAX_AUTO_PREFETCH = 16
+
+
+def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: int, max_bytes: int) -> int:
+    """Tasks each worker may hold: ``prefetch_factor`` when given; with None (the default),
+    2 for large batches and deeper for small ones, up to about 1 MiB a worker and a
+    quarter of the ring's bound ``max_bytes`` for all workers (a tight /dev/shm is better
+    left for the ring to grow into).
+
+    Why deeper: each hand-off between a worker and the main process costs context
+    switches (tens of microseconds here, and colder caches after), which a small batch
+    cannot hide. With only 2 tasks a worker often sits idle waiting for its next one;
+    measured on 2 cores with batches of 256 x 32 floats: 3,530 batches/s at depth 2,
+    4,420 at 8, 4,620 at 16. Deeper queues of small batches cost little memory (16 x 36 KiB
+    per worker there). ``slot_bytes`` is 0 until the first batch sizes the ring."""
+    if prefetch_factor is not None:
+        return prefetch_factor
+    if not slot_bytes:
+        return DEFAULT_PREFETCH
+    budget = min(AUTO_PREFETCH_BYTES, max_bytes // (4 * max(1, num_workers)))
+    return max(DEFAULT_PREFETCH, min(MAX_AUTO_PREFETCH, budget // slot_bytes))
 
 
 class Dispatcher:

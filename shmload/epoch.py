@@ -2,7 +2,7 @@
 
 :class:`SingleProcessEpoch` loads in the calling process (``num_workers=0``).
 :class:`MultiprocessEpoch` keeps up to ``num_workers * prefetch_factor`` batches
-outstanding (dispatched or ready but not yet yielded, as torch counts them), feeds
+(``Session.outstanding``) outstanding (dispatched or ready but not yet yielded, as torch counts them), feeds
 results through a :class:`ReorderBuffer`, and yields views into the ring.
 
 An exception raised while loading a batch is raised at that batch's position; the
@@ -69,7 +69,6 @@ class MultiprocessEpoch(_Epoch):
         self._cfg, self._session, self._batches = cfg, session, batches
         self._epoch, self._length = epoch, length
         self._iteration = session.begin_iteration()
-        self._target = cfg.num_workers * cfg.prefetch_factor
         self._reorder = ReorderBuffer(cfg.in_order)
         self._next_seq = 0
         self._pending: Any = None  # indices pulled from the sampler, not yet dispatched
@@ -122,7 +121,7 @@ class MultiprocessEpoch(_Epoch):
                 deadline = None
 
     def _fill(self) -> None:
-        while not self._exhausted and len(self._reorder) < self._target:
+        while not self._exhausted and len(self._reorder) < self._session.outstanding:
             if self._pending is None:
                 try:
                     self._pending = next(self._batches)

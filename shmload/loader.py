@@ -122,7 +122,7 @@ class DataLoader:
         self.batch_sampler = batch_sampler
         self.num_workers = num_workers
         self.collate_fn = collate_fn
-        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
+        self.prefetch_factor = prefetch_factor  # None: automatic (see dispatch.prefetch_depth)
         self.persistent_workers = persistent_workers
         self.pin_memory = False
         self.pin_memory_device = ""
@@ -170,7 +170,7 @@ class DataLoader:
     def _check_settings(self) -> None:
         """The checks for every setting that may change after construction (``_SETTINGS``)."""
         check_int("num_workers", self.num_workers, 0)
-        check_int("prefetch_factor", self.prefetch_factor, 1)
+        check_int("prefetch_factor", self.prefetch_factor, 1, allow_none=True)
         check_int("seed", self.seed, 0)
         check_int("slot_bytes", self.slot_bytes, 1, allow_none=True)
         check_int("max_shm_bytes", self.max_shm_bytes, 1, allow_none=True)

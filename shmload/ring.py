@@ -72,12 +72,14 @@ class Slot:
 
 
 class Ring:
-    def __init__(self, make_segment: Callable[[int, int], Any], min_slots: int, max_bytes: int,
+    def __init__(self, make_segment: Callable[[int, int], Any], min_slots: int | Callable[[int], int],
+                 max_bytes: int,
                  bound_source: str = "max_shm_bytes",
                  on_attach: Callable[[Any], None] = lambda seg: None,
                  on_detach: Callable[[Any], None] = lambda seg: None):
         self._make_segment = make_segment
-        self.min_slots = min_slots
+        # the target number of slots, for a given slot size (the prefetch depth may depend on it)
+        self._min_slots_for = min_slots if callable(min_slots) else (lambda slot_bytes: min_slots)
         self.max_bytes = max_bytes
         self.bound_source = bound_source  # where max_bytes came from, for error messages
         self._on_attach, self._on_detach = on_attach, on_detach
@@ -92,6 +94,10 @@ class Ring:
     @property
     def nbytes(self) -> int:
         return sum(seg.size for seg in self._segments.values())
+
+    @property
+    def min_slots(self) -> int:
+        return self._min_slots_for(self.slot_bytes)
 
     @property
     def num_slots(self) -> int:
@@ -150,7 +156,9 @@ class Ring:
         # A retired segment's memory goes only when all its slots are free.
         busy = {s.segment.id for s in self._slots if s.state is not SlotState.FREE}
         kept = sum(seg.size for sid, seg in self._segments.items() if sid in busy)
-        wanted = max(self.min_slots, self.num_slots) if count is None else count
+        # as many as the target for the new size, plus those added for held batches
+        target = self._min_slots_for(capacity)
+        wanted = target + max(0, self.num_slots - self.min_slots) if count is None else count
         count = min(wanted, (self.max_bytes - kept) // capacity)
         if count < 1:
             raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from . import lifetime
 from .config import LoaderConfig
-from .dispatch import Dispatcher
+from .dispatch import DEFAULT_PREFETCH, Dispatcher, prefetch_depth
 from .layout import ObjectValue
 from .errors import RingFullError, ShmloadError, format_bytes, format_indices, WorkerDiedError, WorkerError, WorkerStartupError
 from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
@@ -65,7 +65,8 @@ class Session:
         self.iteration = 0
         self.closed = False
         self.releases = lifetime.ReleaseQueue()
-        self.dispatcher = Dispatcher(cfg.num_workers, cfg.prefetch_factor)
+        self.dispatcher = Dispatcher(cfg.num_workers, DEFAULT_PREFETCH if cfg.prefetch_factor is None
+                                     else cfg.prefetch_factor)
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
         self._layouts: dict[bytes, Any] = {}  # see _layout()
@@ -73,7 +74,7 @@ class Session:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
             bound, source = default_max_shm_bytes()
-        self.ring = Ring(Segment, cfg.num_workers * cfg.prefetch_factor + 2, bound, bound_source=source,
+        self.ring = Ring(Segment, self._min_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
                                      UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
@@ -84,8 +85,25 @@ class Session:
             self.close()
             raise
 
+    # ------------------------------------------------------------ depth
+    def _min_slots(self, slot_bytes: int) -> int:
+        """The ring's target: the batches in flight, plus two the consumer may hold (ring.py)."""
+        return self.cfg.num_workers * self._depth(slot_bytes) + 2
+
+    def _depth(self, slot_bytes: int) -> int:
+        return prefetch_depth(self.cfg.prefetch_factor, slot_bytes, self.cfg.num_workers, self.ring.max_bytes)
+
+    @property
+    def outstanding(self) -> int:
+        """How many batches an epoch keeps outstanding (dispatched, or ready and not yet
+        yielded), as torch counts them: ``num_workers`` times the prefetch depth, which
+        for ``prefetch_factor=None`` is known once the first batch has sized the ring."""
+        return self.cfg.num_workers * self.dispatcher.per_worker
+
     # ------------------------------------------------------------ segments
     def _attach(self, seg: Segment) -> None:
+        # The slot size changes only with a new segment, so the depth follows it here.
+        self.dispatcher.per_worker = self._depth(self.ring.slot_bytes)
         for h in self.supervisor.live():
             self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
 

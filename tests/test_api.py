@@ -52,7 +52,7 @@ def test_attributes_tools_read_to_rebuild_loaders():
     loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, drop_last=True, seed=3)
     assert loader.dataset is ds and loader.batch_size == 4 and loader.num_workers == 2 and loader.drop_last
     assert isinstance(loader.sampler, RandomSampler) and loader.batch_sampler.sampler is loader.sampler
-    assert loader.collate_fn is shmload.default_collate and loader.prefetch_factor == 2
+    assert loader.collate_fn is shmload.default_collate and loader.prefetch_factor is None  # automatic; passed back it means the same
     assert loader.multiprocessing_context.get_start_method() == "fork"
     assert len(loader) == 2
     with pytest.raises(ValueError, match="batch_size attribute should not be set after DataLoader is initialized"):

@@ -32,14 +32,16 @@ def test_views_share_one_slot_and_stay_valid_after_the_loader_is_closed():
     assert image[3, 0, 0, 0] == 3 and label.tolist() == [0, 1, 2, 3]
 
 
-def test_a_for_loop_reuses_the_ring_without_growing_it():
-    loader = DataLoader(ImageDataset(200, shape=(1024,)), batch_size=4, num_workers=2, persistent_workers=True)
+@pytest.mark.parametrize("prefetch_factor, depth", [(2, 2), (None, 16)])  # None: small batches go deep
+def test_a_for_loop_reuses_the_ring_without_growing_it(prefetch_factor, depth):
+    loader = DataLoader(ImageDataset(200, shape=(1024,)), batch_size=4, num_workers=2, persistent_workers=True,
+                        prefetch_factor=prefetch_factor)
     with loader:
         for batch in loader:
             assert batch["image"][:, 0].tolist() == (batch["label"] % 256).tolist()
         ring = loader._sessions.persistent.ring
-        # 4 batches in flight + the one the loop holds; the target (6) allows one more held
-        assert ring.num_slots in (5, 6) and ring.nbytes == ring.num_slots * ring.slot_bytes
+        # 2 * depth batches in flight + the one the loop holds; the target allows one more held
+        assert ring.num_slots in (2 * depth + 1, 2 * depth + 2) and ring.nbytes == ring.num_slots * ring.slot_bytes
 
 
 def test_a_derived_view_keeps_the_slot_held():

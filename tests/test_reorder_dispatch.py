@@ -2,7 +2,7 @@
 
 import pytest
 
-from shmload.dispatch import Dispatcher
+from shmload.dispatch import Dispatcher, prefetch_depth
 from shmload.reorder import ReorderBuffer, ReorderError
 
 
@@ -56,3 +56,27 @@ def test_dispatcher_prefers_the_least_loaded_worker_and_respects_credits():
     assert d.held_by(0) == ["task0", "task2"] and d.task(0, (1, 2)) == "task2"
     assert d.complete(0, (1, 0)) == "task0" and d.complete(0, (1, 2)) == "task2"
     assert d.pick() == 0  # now the least loaded
+
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+def test_an_explicit_prefetch_factor_is_honoured_whatever_the_batch_size():
+    for slot_bytes in (0, 4 * KIB, 100 * MIB):
+        assert prefetch_depth(3, slot_bytes, 2, GIB) == 3
+        assert prefetch_depth(1, slot_bytes, 2, 64 * KIB) == 1
+
+
+def test_automatic_prefetch_goes_deep_only_for_small_batches():
+    assert prefetch_depth(None, 0, 2, GIB) == 2  # the ring is not sized yet
+    assert prefetch_depth(None, 10 * MIB, 2, GIB) == 2  # images: as torch
+    assert prefetch_depth(None, 600 * KIB, 2, GIB) == 2
+    assert prefetch_depth(None, 256 * KIB, 2, GIB) == 4  # about 1 MiB per worker
+    assert prefetch_depth(None, 36 * KIB, 2, GIB) == 16  # tiny rows: capped
+    assert prefetch_depth(None, 4 * KIB, 8, GIB) == 16
+
+
+def test_automatic_prefetch_leaves_a_tight_bound_for_the_ring_to_grow_into():
+    # 2 workers may use a quarter of 1 MiB: 128 KiB each, 4 slots of 32 KiB
+    assert prefetch_depth(None, 32 * KIB, 2, MIB) == 4
+    assert prefetch_depth(None, 32 * KIB, 2, 256 * KIB) == 2  # never below torch's default

@@ -34,6 +34,16 @@ def test_first_sizing_creates_min_slots_of_page_rounded_size():
     assert offsets == [0, PAGE, 2 * PAGE] and ring.take() is None
 
 
+def test_the_target_may_depend_on_the_slot_size_and_growth_follows_it():
+    ring, _ = make_ring(min_slots=lambda slot_bytes: 6 if slot_bytes <= PAGE else 3)
+    ring.grow_capacity(100)
+    assert ring.min_slots == 6 and ring.num_slots == 6
+    ring.add_slots()  # past the target: as many again, for batches the consumer holds
+    assert ring.num_slots == 12
+    ring.grow_capacity(2 * PAGE)  # larger slots: their own target, plus the 6 added for held batches
+    assert ring.min_slots == 3 and ring.num_slots == 9 and ring.slot_bytes == 2 * PAGE
+
+
 def test_a_slot_is_only_reused_after_release():
     ring, _ = make_ring(min_slots=1)
     ring.grow_capacity(10)
