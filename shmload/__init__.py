@@ -6,7 +6,7 @@ main process yields numpy views into them, with no pickling of array data.
 
 from .collate import default_collate
 from .errors import (CollateError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
-                     SharedMemoryError, ShmloadError, WorkerDiedError, WorkerError, WorkerStartupError)
+                     SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .worker import WorkerInfo, get_worker_info
@@ -24,6 +24,7 @@ __all__ = [
     "SequentialSampler",
     "SharedMemoryError",
     "ShmloadError",
+    "ShmloadWarning",
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",

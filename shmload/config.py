@@ -22,3 +22,4 @@ class LoaderConfig:
     output: str  # "numpy" | "torch"
     slot_bytes: int | None
     max_shm_bytes: int | None
+    max_worker_restarts: int = 0

@@ -123,5 +123,9 @@ class _KeyErrorWithMessage(KeyError):
     __qualname__ = "KeyError"
 
 
+class ShmloadWarning(UserWarning):
+    """Something went wrong and shmload recovered (for example it restarted a dead worker)."""
+
+
 class OptionalDependencyError(ShmloadError, ImportError):
     """A feature needs an optional package that is not installed."""

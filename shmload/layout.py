@@ -155,7 +155,14 @@ class _Batcher:
         return CollateError(msg + (" " + hint if hint else ""))
 
     # Position 0 defines the structure; later positions must match it.
+    def no_sample(self, pos: int) -> CollateError:
+        return CollateError(f"cannot batch {self.where(pos)}: the dataset returned None for it (a missing "
+                            "return in __getitem__?); a sample is an array, a number, or a tuple, list or "
+                            "dict of them.")
+
     def first(self, value: Any, path: str) -> Any:
+        if value is None and path == "sample" and self.stack:
+            raise self.no_sample(0)
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             kids = tuple(self.first(v, _child_path(path, "namedtuple", i, type(value))) for i, v in enumerate(value))
             return Seq("namedtuple", type(value), kids)
@@ -193,6 +200,8 @@ class _Batcher:
         return Leaf(len(self.kinds) - 1)
 
     def match(self, node: Any, value: Any, path: str, pos: int) -> None:
+        if value is None and path == "sample":
+            raise self.no_sample(pos)
         if type(node) is Leaf:
             self.match_leaf(node.id, value, path, pos)
         elif type(node) is Seq:

@@ -20,13 +20,13 @@ from .config import LoaderConfig
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import OptionalDependencyError
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
-from .session import Session
+from .session import RestartBudget, Session
 from .supervisor import owned_here
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
 # Read again at the next iter(), as torch does: setting them takes effect then.
 _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
-             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes")
+             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts")
 
 
 def _check_map_style(dataset: Any) -> None:
@@ -52,6 +52,7 @@ class _Sessions:
     def __init__(self) -> None:
         self.persistent: Session | None = None
         self.live: weakref.WeakSet[Session] = weakref.WeakSet()
+        self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
 
     def close(self) -> None:
         for session in list(self.live):
@@ -74,7 +75,7 @@ class DataLoader:
                  generator: Any = None, *, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
-                 max_shm_bytes: int | None = None):
+                 max_shm_bytes: int | None = None, max_worker_restarts: int = 0):
         _check_map_style(dataset)
         check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
         check_int("seed", seed, 0, allow_none=True)
@@ -134,6 +135,7 @@ class DataLoader:
         self.output = output
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
+        self.max_worker_restarts = max_worker_restarts
         self._auto_batch = auto_batch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
@@ -164,7 +166,7 @@ class DataLoader:
                 persistent_workers=self.persistent_workers, timeout=float(self.timeout),
                 worker_init_fn=self.worker_init_fn, in_order=self.in_order, seed=self.seed,
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
-                max_shm_bytes=self.max_shm_bytes)
+                max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts)
         return self._cfg
 
     def _check_settings(self) -> None:
@@ -174,6 +176,7 @@ class DataLoader:
         check_int("seed", self.seed, 0)
         check_int("slot_bytes", self.slot_bytes, 1, allow_none=True)
         check_int("max_shm_bytes", self.max_shm_bytes, 1, allow_none=True)
+        check_int("max_worker_restarts", self.max_worker_restarts, 0)
         _check_bool("in_order", self.in_order)
         timeout = self.timeout
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
@@ -210,10 +213,10 @@ class DataLoader:
             return SingleProcessEpoch(cfg, batches, epoch, length)
         if cfg.persistent_workers:
             if sessions.persistent is None or sessions.persistent.closed:
-                sessions.persistent = Session(cfg)
+                sessions.persistent = Session(cfg, sessions.restarts)
                 sessions.live.add(sessions.persistent)
             return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length, self)
-        session = Session(cfg)
+        session = Session(cfg, sessions.restarts)
         sessions.live.add(session)
         return MultiprocessEpoch(cfg, session, True, batches, epoch, length, self)
 

@@ -95,6 +95,10 @@ class Ring:
     def nbytes(self) -> int:
         return sum(seg.size for seg in self._segments.values())
 
+    def segments(self) -> list:
+        """Every mapped segment, retired ones that still hold busy slots included."""
+        return list(self._segments.values())
+
     @property
     def min_slots(self) -> int:
         return self._min_slots_for(self.slot_bytes)

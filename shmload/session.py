@@ -12,12 +12,21 @@ tasks would only pin the old, smaller slots). If the ring cannot grow within its
 the request waits, but only while waiting can help: once the batch it belongs to is the
 next one the consumer needs (or, with ``in_order=False``, nothing else is in flight), no
 slot can come back and the ring's :class:`RingFullError` is raised instead of hanging.
+
+Worker deaths. A dead worker is reported as :class:`WorkerDiedError`, unless the loader
+still has restarts left (``max_worker_restarts``): then a replacement with the same id
+is started and sent the dead one's tasks again, unchanged, in order: same batch
+positions, hence the same seeds, and the same slots (nothing else can write them: their
+only writer is dead). The epoch then yields exactly what it would have without the
+fault. A worker that dies before it reported ready is never restarted, since its
+replacement would most likely die the same way.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -25,7 +34,8 @@ from . import lifetime
 from .config import LoaderConfig
 from .dispatch import DEFAULT_PREFETCH, Dispatcher, prefetch_depth
 from .layout import ObjectValue
-from .errors import RingFullError, ShmloadError, format_bytes, format_indices, WorkerDiedError, WorkerError, WorkerStartupError
+from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
+                     format_bytes, format_indices)
 from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
@@ -49,6 +59,14 @@ class _InFlight(NamedTuple):
     slot: Slot | None
 
 
+class RestartBudget:
+    """The worker restarts one loader has used, shared by its sessions: the bound
+    ``max_worker_restarts`` is per loader, not per epoch."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+
 def default_max_shm_bytes() -> tuple[int, str]:
     """The free space of /dev/shm, at most half the machine's memory, and where it came from."""
     half_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
@@ -59,8 +77,9 @@ def default_max_shm_bytes() -> tuple[int, str]:
 
 
 class Session:
-    def __init__(self, cfg: LoaderConfig):
+    def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None):
         self.cfg = cfg
+        self.restarts = restarts if restarts is not None else RestartBudget()
         self.owner_pid = os.getpid()
         self.iteration = 0
         self.closed = False
@@ -70,6 +89,7 @@ class Session:
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
         self._layouts: dict[bytes, Any] = {}  # see _layout()
+        self._carried: list = []  # results read by a poll() that then raised (see poll())
         if cfg.max_shm_bytes is not None:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
@@ -268,13 +288,19 @@ class Session:
         self.collect_releases()
         self._serve_space_wanted()
         frames, dead = self.supervisor.poll(timeout)
-        results = []
+        results, self._carried = self._carried, []
         for wid, frame in frames:
             result = self._handle(wid, pickle.loads(frame))
             if result is not None:
                 results.append(result)
         if dead:
-            self._report_deaths(dead)
+            try:
+                self._report_deaths(dead)
+            except BaseException:
+                # e.g. the restart warning turned into an error by a warnings filter: the
+                # session goes on, and these results must not be lost with the exception
+                self._carried = results
+                raise
         return results
 
     def _handle(self, wid: int, msg: Any) -> Loaded | LoadFailed | None:
@@ -336,7 +362,36 @@ class Session:
             self.ring.release(slot)
 
     def _report_deaths(self, dead: list) -> None:
-        h = dead[0]
+        for h in dead:
+            if h.ready and self.restarts.used < self.cfg.max_worker_restarts:
+                self._restart(h)
+            else:
+                self._raise_death(h)
+
+    def _restart(self, h: Any) -> None:
+        """Replace dead worker ``h`` and send its replacement what ``h`` held."""
+        self.restarts.used += 1
+        held = self.dispatcher.held_by(h.id)
+        self._space_wanted = deque(item for item in self._space_wanted if item[0] != h.id)
+        new = self.supervisor.restart(h.id)
+        for seg in self.ring.segments():
+            self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
+        for entry in held:
+            task = entry.task
+            if task.iteration != self.iteration:  # an abandoned epoch's batch: drop it
+                self.dispatcher.complete(h.id, (task.iteration, task.seq))
+                self._give_back(entry.slot)
+                continue
+            self.supervisor.send(h.id, task._replace(slot=entry.slot.ref if entry.slot is not None else None))
+        seqs = [e.task.seq for e in held if e.task.iteration == self.iteration]
+        lost = ("no batch" if not seqs else f"batch {seqs[0]}" if len(seqs) == 1 else
+                "batches " + ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)} in all)" if len(seqs) > 8 else ""))
+        warnings.warn(
+            f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly; started "
+            f"pid {new.pid} in its place (restart {self.restarts.used} of max_worker_restarts="
+            f"{self.cfg.max_worker_restarts}) and sent it {lost} again.", ShmloadWarning, stacklevel=2)
+
+    def _raise_death(self, h: Any) -> None:
         held = self.dispatcher.held_by(h.id)
         started = h.ready
         self.close()
@@ -347,9 +402,13 @@ class Session:
                 "or forkserver is a common cause)")
         doing = ("; it was loading " + ", ".join(
             f"batch {e.task.seq} (dataset indices {format_indices(e.task.indices)})" for e in held)) if held else ""
+        if self.cfg.max_worker_restarts:
+            restarts = f" All {self.cfg.max_worker_restarts} restarts allowed (max_worker_restarts) were used."
+        else:
+            restarts = " Pass max_worker_restarts=N to replace up to N dead workers instead of failing."
         raise WorkerDiedError(
             f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly{doing}. "
-            "If it was killed for memory (SIGKILL), lower num_workers, prefetch_factor or batch_size.")
+            f"If it was killed for memory (SIGKILL), lower num_workers, prefetch_factor or batch_size.{restarts}")
 
     def holder_of(self, seq: int) -> str:
         """What batch ``seq`` of this iteration is waiting for, for time-out messages."""

@@ -83,10 +83,12 @@ class Supervisor:
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         method = ctx.get_start_method()
         payload = user if method == "fork" else _pickled_user_code(user, method)
+        self._args = WorkerArgs(0, num_workers, seed, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
+        self._replaced: list[WorkerHandle] = []  # dead workers that restart() replaced
         try:
             for wid in range(num_workers):
-                self.workers.append(self._start(wid, WorkerArgs(wid, num_workers, seed, auto_batch, payload, None)))
+                self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
         except BaseException:
             self.shutdown()
             raise
@@ -130,6 +132,28 @@ class Supervisor:
             return  # poll() reports the death, with what the worker held
         h.channel.send(msg, fd)
         self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+
+    def restart(self, wid: int) -> WorkerHandle:
+        """Start a replacement for worker ``wid``, which has died: same id, new process and
+        socket. The caller re-sends what the dead one held."""
+        old = self.workers[wid]
+        if not old.exited:
+            self._retire(old)
+        self._close_channel(old)
+        old.process.join(JOIN_TIMEOUT)  # it is dead: this reaps it, so no zombie stays behind
+        if old.process.exitcode is not None:
+            old.exitcode = old.process.exitcode
+            old.process.close()
+        else:
+            self._replaced.append(old)  # shutdown() tries again
+        self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
+        return self.workers[wid]
+
+    def _close_channel(self, h: WorkerHandle) -> None:
+        if h.channel is not None:
+            _platform.unregister_parent_only(h.channel.fileno())
+            h.channel.close()  # end-of-file for a worker still waiting for messages
+            h.channel = None
 
     def live(self) -> list[WorkerHandle]:
         return [h for h in self.workers if not h.exited]
@@ -175,20 +199,19 @@ class Supervisor:
             h.channel.send(Shutdown())
             if not h.exited:
                 self._retire(h)
-            _platform.unregister_parent_only(h.channel.fileno())
-            h.channel.close()  # end-of-file for a worker still waiting for messages
-            h.channel = None
+            self._close_channel(h)
+        handles = self.workers + self._replaced
         deadline = time.monotonic() + JOIN_TIMEOUT
-        for h in self.workers:
+        for h in handles:
             h.process.join(max(0.0, deadline - time.monotonic()))
         for escalate in ("terminate", "kill"):
-            stuck = [h for h in self.workers if h.process.is_alive()]
+            stuck = [h for h in handles if h.process.is_alive()]
             for h in stuck:
                 getattr(h.process, escalate)()
             deadline = time.monotonic() + TERM_TIMEOUT
             for h in stuck:
                 h.process.join(max(0.0, deadline - time.monotonic()))
-        for h in self.workers:
+        for h in handles:
             if h.process.exitcode is not None and h.exitcode is None:
                 h.exitcode = h.process.exitcode
                 h.process.close()

@@ -11,6 +11,15 @@ A worker exits when told (:class:`Shutdown`), when its socket reaches end-of-fil
 main process closed it, or died: see ``_platform`` for why no other process holds that
 end), or when its parent process changes (checked every ``WATCHDOG_INTERVAL`` seconds,
 for the case where a descendant still holds the socket).
+
+End-of-file is also watched *while the worker is busy*, by a thread that sleeps in
+``poll(POLLRDHUP)`` on the socket (:func:`_exit_when_orphaned`): a worker stuck in a long
+``__getitem__`` when the main process is SIGKILLed exits at once instead of when the
+call returns. It works under every start method, unlike ``PR_SET_PDEATHSIG``, which
+under forkserver watches the fork server, and otherwise the *thread* that started the
+worker (a loader iterated from a thread that later ends would lose its workers). The
+thread cannot run while the user's code holds the GIL in a long C call; such a worker
+exits when the call returns.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 from collections import deque
 import traceback
 from multiprocessing import reduction
@@ -28,7 +38,7 @@ from . import collate as _collate
 from . import layout as _layout
 from . import seeding
 from .errors import RemoteError, WorkerError
-from .fetch import fetch
+from .fetch import check_indices, fetch
 from .messages import (Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
                        StartupFailed, Task)
 from .shm import AttachedSegment
@@ -80,6 +90,8 @@ def worker_main(args: WorkerArgs) -> None:
     """Process entry point. Ctrl-C is the main process's to handle: workers ignore SIGINT,
     so an interrupted run prints one traceback, not one per worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_orphaned, args=(args.conn.fileno(),), name="shmload-orphan-watch",
+                     daemon=True).start()
     loop = _WorkerLoop(args)
     try:
         if loop.start():
@@ -88,6 +100,21 @@ def worker_main(args: WorkerArgs) -> None:
         pass  # the main process is gone or closed our socket: nothing left to report to
     finally:
         loop.close()
+
+
+def _exit_when_orphaned(fd: int) -> None:
+    """Exit the process as soon as the main process's end of the socket is closed. Only a
+    hang-up wakes this thread (POLLRDHUP, with POLLHUP and POLLERR, which poll always
+    reports), never the data the worker's main thread reads."""
+    watch = select.poll()
+    watch.register(fd, select.POLLRDHUP)
+    while True:
+        try:
+            events = watch.poll()
+        except InterruptedError:
+            continue
+        if any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, mask in events):
+            os._exit(0)  # nothing named to clean up: segments are unlinked, the socket dies with us
 
 
 class _WorkerLoop:
@@ -207,6 +234,7 @@ class _WorkerLoop:
         asks for one right then, before fetching the rest: even the batches that size the
         ring never sit whole in the worker's heap."""
         dataset, indices = self.user.dataset, task.indices
+        check_indices(dataset, indices)
         first = dataset[indices[0]]
         batch = StreamedBatch(first, indices)
         if batch.sample_bytes < MIN_SAMPLE_BYTES:

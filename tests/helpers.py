@@ -274,3 +274,69 @@ class LiveSamplesDataset(RangeDataset):
         LiveSamplesDataset.alive += 1
         weakref.finalize(image, LiveSamplesDataset._gone)
         return image, count, i, f"s{i}"
+
+
+class DyingDataset:
+    """Sample i: an int8 row depending on i and on numpy's global RNG (so a batch loaded
+    again must be seeded again to match), and the label i. The worker loading index ``at``
+    dies (``how``: "exit", "kill" or "segv") the first ``times`` times it is loaded in any
+    process: a marker file per death in ``marker_dir`` remembers across processes."""
+
+    def __init__(self, n: int, at: int, marker_dir, how: str = "kill", times: int = 1):
+        self.n, self.at, self.marker_dir, self.how, self.times = n, at, str(marker_dir), how, times
+        self.parent = os.getpid()  # the test process, where num_workers=0 runs never die
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.at and os.getpid() != self.parent:
+            for k in range(self.times):
+                try:
+                    fd = os.open(os.path.join(self.marker_dir, f"died-{k}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    continue
+                os.close(fd)
+                die(self.how)
+        return np.full(4, i % 100, np.int8) + np.random.randint(0, 20, 4).astype(np.int8), i
+
+
+def die(how: str) -> None:
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "segv":
+        import ctypes
+        ctypes.string_at(0)  # a NULL read: SIGSEGV
+    os._exit(7)
+
+
+class FaultyDataset:
+    """For the randomized fault schedules: sample i is a uint8 row of a length that varies
+    with i (when ``vary`` > 1), filled from i and numpy's global RNG, plus the label i.
+    Index in ``fail_at``: raises ValueError. Index in ``die_at``: the worker loading it
+    dies once (a marker file in ``marker_dir`` remembers)."""
+
+    def __init__(self, n: int, vary: int, fail_at=(), die_at=(), marker_dir=None):
+        self.n, self.vary = n, vary
+        self.fail_at, self.die_at, self.marker_dir = frozenset(fail_at), frozenset(die_at), marker_dir
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i in self.die_at and os.getpid() != self.parent:
+            try:
+                os.close(os.open(os.path.join(self.marker_dir, f"died-at-{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                die("kill")
+            except FileExistsError:
+                pass
+        if i in self.fail_at:
+            raise ValueError(f"bad sample {i}")
+        length = 1000 + (i * 7919) % self.vary
+        return (np.random.randint(0, 255, length).astype(np.uint8) + i).astype(np.uint8), i
+
+
+def concat_collate(samples):
+    """A user collate for samples of different lengths: one row of all their bytes, and the labels."""
+    return np.concatenate([s[0] for s in samples]), np.array([s[1] for s in samples])

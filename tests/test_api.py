@@ -20,7 +20,7 @@ TORCH_KEYWORDS = ["dataset", "batch_size", "shuffle", "sampler", "batch_sampler"
 def test_public_exports_do_not_drift():
     assert sorted(shmload.__all__) == sorted([
         "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
-        "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError",
+        "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
         "get_worker_info"])
     for name in shmload.__all__:
@@ -80,6 +80,9 @@ def test_unknown_keyword_is_a_type_error():
     (dict(slot_bytes=0), "slot_bytes should be a positive integer or None"),
     (dict(multiprocessing_context="threads", num_workers=1), "'threads' is not a start method"),
     (dict(persistent_workers="yes"), "persistent_workers should be True or False"),
+    (dict(max_worker_restarts=-1), "max_worker_restarts should be a non-negative integer"),
+    (dict(batch_size=-2), "batch_size should be a positive integer"),
+    (dict(prefetch_factor=-1), "prefetch_factor should be a positive integer or None"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_message(kwargs, match):
     with pytest.raises(ValueError, match=match):

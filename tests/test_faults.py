@@ -1,0 +1,320 @@
+"""Faults a long training run meets: dead workers (and restarting them), a killed main
+process, start-up failures, nested use, bad input. Each gets the behaviour
+docs/reliability.md promises, checked by regex on the message."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmload
+from shmload import CollateError, DataLoader, RingFullError, ShmloadWarning, WorkerDiedError, WorkerStartupError
+
+from .helpers import DyingDataset, RangeDataset, SlowDataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows(loader):
+    """Every batch as plain lists (copies: nothing of the ring is kept)."""
+    return [(x.tolist(), y.tolist()) for x, y in loader]
+
+
+def reference(dataset, **kwargs):
+    return rows(DataLoader(dataset, num_workers=0, **kwargs))
+
+
+# ---------------------------------------------------------------- a worker dies
+@pytest.mark.parametrize("how,text", [("kill", "SIGKILL"), ("exit", "exit code 7"), ("segv", "SIGSEGV")])
+def test_a_dead_worker_is_replaced_and_the_epoch_is_exactly_as_without_the_fault(tmp_path, how, text):
+    ds = DyingDataset(64, at=21, marker_dir=tmp_path, how=how)
+    expected = reference(ds, batch_size=4, shuffle=True, seed=5)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=2, max_worker_restarts=1, timeout=30)
+    with pytest.warns(ShmloadWarning, match=rf"worker process \d \(pid \d+\) .*{text} unexpectedly; started pid "
+                                            r"\d+ in its place \(restart 1 of max_worker_restarts=1\) and sent it "
+                                            r"batch(es)? \d+.* again"):
+        got = rows(loader)
+    assert got == expected  # same order, same augmentation randomness
+    assert os.path.exists(tmp_path / "died-0")
+
+
+def test_restarts_are_counted_per_loader_and_then_the_death_is_raised(tmp_path):
+    ds = DyingDataset(40, at=9, marker_dir=tmp_path, times=3)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=2, timeout=30)
+    with pytest.warns(ShmloadWarning) as warned:
+        with pytest.raises(WorkerDiedError, match=r"SIGKILL unexpectedly; it was loading batch 4 \(dataset "
+                                                  r"indices \[8, 9\]\).*All 2 restarts allowed"):
+            rows(loader)
+    assert [re.search(r"restart \d of max_worker_restarts=2", str(w.message)).group(0) for w in warned] == \
+        ["restart 1 of max_worker_restarts=2", "restart 2 of max_worker_restarts=2"]
+    assert len(os.listdir(tmp_path)) == 3
+
+
+def test_without_restarts_the_death_says_how_to_allow_them(tmp_path):
+    loader = DataLoader(DyingDataset(20, at=3, marker_dir=tmp_path), batch_size=2, num_workers=1, timeout=30)
+    with pytest.raises(WorkerDiedError, match=r"pid \d+\) was killed by SIGKILL .*Pass max_worker_restarts=N"):
+        rows(loader)
+
+
+def test_an_external_sigkill_is_survived_with_persistent_workers(tmp_path):
+    ds = SlowDataset(40, 0.02)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, max_worker_restarts=1, timeout=30)
+    with loader:
+        it = iter(loader)
+        got = [next(it).tolist() for _ in range(3)]
+        victim = loader._sessions.persistent.supervisor.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        with pytest.warns(ShmloadWarning, match=rf"pid {victim}\) was killed by SIGKILL"):
+            got += [b.tolist() for b in it]
+        assert got == [[i, i + 1] for i in range(0, 40, 2)]
+        assert victim not in loader._sessions.persistent.supervisor.pids
+        assert [b.tolist() for b in loader] == got  # the replacement serves later epochs too
+
+
+def test_a_restart_under_spawn_reattaches_the_ring(tmp_path):
+    ds = DyingDataset(48, at=30, marker_dir=tmp_path)
+    expected = reference(ds, batch_size=4, seed=2)
+    loader = DataLoader(ds, batch_size=4, seed=2, num_workers=2, multiprocessing_context="spawn",
+                        max_worker_restarts=1, timeout=30)
+    with pytest.warns(ShmloadWarning, match="restart 1 of"):
+        assert rows(loader) == expected
+
+
+def test_a_worker_that_dies_at_start_up_is_not_restarted():
+    loader = DataLoader(RangeDataset(8), batch_size=2, num_workers=1, max_worker_restarts=3,
+                        worker_init_fn=_die_at_init, timeout=30)
+    with pytest.raises(WorkerStartupError, match=r"worker process 0 \(pid \d+\) exited with exit code 3 during "
+                                                 r"start-up"):
+        rows(loader)
+
+
+def _die_at_init(worker_id):
+    os._exit(3)
+
+
+# ---------------------------------------------------------------- the main process dies
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_busy_in_a_long_getitem_exit_when_the_main_process_is_killed(method):
+    from .test_shutdown import gone
+
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time, shmload
+        from tests.helpers import SlowDataset
+        if __name__ == "__main__":
+            loader = shmload.DataLoader(SlowDataset(100, 120.0, slow=set(range(2, 100))), batch_size=1,
+                                        num_workers=2, multiprocessing_context={method!r}, persistent_workers=True)
+            it = iter(loader)
+            next(it), next(it)
+            print(*loader._sessions.persistent.supervisor.pids, flush=True)
+            time.sleep(1.0)  # both workers are now inside a 120 s __getitem__
+            print("busy", flush=True)
+            time.sleep(60)
+    """)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        assert proc.stdout.readline().strip() == "busy"
+        proc.kill()
+        proc.wait(10)
+        assert gone(pids, within=6.0), f"workers {pids} outlived the killed main process (bound: 2 s)"
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+# ---------------------------------------------------------------- start-up
+def test_an_import_error_in_a_spawned_worker_is_a_start_up_error_with_its_traceback(tmp_path, monkeypatch):
+    (tmp_path / "parent_only_module.py").write_text(textwrap.dedent("""
+        import multiprocessing
+        if multiprocessing.parent_process() is not None:
+            raise ImportError("this module refuses to load in a child process")
+
+        class Dataset:
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return i
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import parent_only_module
+
+    try:
+        loader = DataLoader(parent_only_module.Dataset(), batch_size=2, num_workers=1,
+                            multiprocessing_context="spawn", timeout=30)
+        with pytest.raises(WorkerStartupError, match=r"(?s)worker process 0 failed during start-up.*ImportError: "
+                                                     r"this module refuses to load in a child process.*Traceback"):
+            rows(loader)
+    finally:
+        del sys.modules["parent_only_module"]
+
+
+# ---------------------------------------------------------------- nested use, threads
+def test_workers_start_while_other_threads_hold_locks_and_allocate():
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def busy():
+        while not stop.is_set():
+            with lock:
+                np.ones(1000).sum()
+
+    threads = [threading.Thread(target=busy) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):  # forks land at random moments of the other threads' work
+            loader = DataLoader(RangeDataset(24), batch_size=4, num_workers=2, timeout=30)
+            assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+
+def test_a_loader_inside_a_dataset_loads_in_its_worker_without_workers():
+    outer = DataLoader(NestedDataset(4), batch_size=2, num_workers=2, timeout=30)
+    assert [b.tolist() for b in outer] == [[6, 22], [38, 54]]
+
+
+class NestedDataset(RangeDataset):
+    """Each sample sums a batch of an inner loader without workers (which is allowed)."""
+
+    def __getitem__(self, i):
+        inner = DataLoader(RangeDataset(4 * (i + 1)), batch_size=4, num_workers=0)
+        return int(list(inner)[i].sum())
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_of_none_is_named(workers):
+    loader = DataLoader(NoneAtDataset(12, at=7), batch_size=4, num_workers=workers, timeout=30)
+    with pytest.raises(CollateError, match=r"cannot batch dataset index 7 \(position 3 in the batch\): the dataset "
+                                           r"returned None for it \(a missing return in __getitem__\?\)"):
+        rows_of(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_first_sample_of_none_is_named(workers):
+    loader = DataLoader(NoneAtDataset(12, at=4), batch_size=4, num_workers=workers, timeout=30)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2, 3]
+    with pytest.raises(CollateError, match=r"dataset index 4 \(position 0 in the batch\): the dataset returned None"):
+        next(it)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("bad", [-1, 12])
+def test_a_sampler_index_out_of_range_is_named_with_the_length(workers, bad):
+    sampler = [[0, 1], [2, bad], [4, 5]]
+    loader = DataLoader(LenientDataset(12), batch_sampler=sampler, num_workers=workers, timeout=30)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(IndexError, match=rf"the sampler gave dataset index {bad} \(at position 1 of the batch "
+                                         rf"\[2, {bad}\]\), but len\(dataset\) is 12: expected 0 <= index < 12"):
+        next(it)
+    assert next(it).tolist() == [4, 5]  # the iterator stays usable
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_len_that_lies_fails_at_the_missing_index(workers):
+    loader = DataLoader(LyingLengthDataset(), batch_size=4, num_workers=workers, timeout=30)
+    with pytest.raises(IndexError, match=r"(?s)dataset indices \[8, 9, 10, 11\].*IndexError: only 10 samples, "
+                                         r"asked for 10" if workers else r"only 10 samples, asked for 10"):
+        rows_of(loader)
+
+
+def test_non_contiguous_samples_are_batched_as_np_stack_would():
+    loader = DataLoader(StridedDataset(8), batch_size=4, num_workers=2, timeout=30)
+    for k, batch in enumerate(loader):
+        want = np.stack([StridedDataset(8)[i] for i in range(4 * k, 4 * k + 4)])
+        assert batch.flags.c_contiguous and np.array_equal(batch, want)
+
+
+def test_a_sample_larger_than_the_ring_bound_is_a_clear_error_not_a_crash():
+    loader = DataLoader(HugeDataset(4), batch_size=2, num_workers=1, max_shm_bytes=8 << 20, timeout=30)
+    with pytest.raises(RingFullError, match=r"cannot grow its slots to 32.00 MiB for a batch of 32.00 MiB: .*"
+                                            r"over its bound of 8.00 MiB \(max_shm_bytes\)"):
+        rows_of(loader)
+
+
+def rows_of(loader):
+    return [b.tolist() if isinstance(b, np.ndarray) else b for b in loader]
+
+
+class NoneAtDataset(RangeDataset):
+    def __init__(self, n, at):
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i):
+        return None if i == self.at else i
+
+
+class LenientDataset(RangeDataset):
+    """Backed by a list: a negative index would silently wrap around."""
+
+    def __getitem__(self, i):
+        return list(range(self.n))[i]
+
+
+class LyingLengthDataset:
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i >= 10:
+            raise IndexError(f"only 10 samples, asked for {i}")
+        return i
+
+
+class StridedDataset(RangeDataset):
+    def __getitem__(self, i):
+        base = np.arange(64, dtype=np.float32).reshape(8, 8) + i
+        return base[::2, ::3].T  # a non-contiguous view
+
+
+class HugeDataset(RangeDataset):
+    def __getitem__(self, i):
+        return np.zeros(16 << 20, np.uint8)
+
+
+# ---------------------------------------------------------------- security
+def test_segments_are_private_to_the_user_and_never_named_while_in_use():
+    seg = shmload.shm.Segment(0, 1 << 16)
+    try:
+        st = os.fstat(seg.fd)
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+        assert st.st_nlink == 0  # unlinked: no name another process could open
+    finally:
+        seg.close()
+
+
+def test_a_pre_created_name_is_never_opened(monkeypatch):
+    """Names are random (96 bits) and created with O_EXCL: a file an attacker placed under
+    the name shmload draws is skipped, not opened, and left untouched."""
+    names = iter(["a" * 24, "b" * 24])
+    monkeypatch.setattr(shmload.shm.secrets, "token_hex", lambda n: next(names))
+    squatted = Path("/dev/shm/shmload-" + "a" * 24)
+    squatted.write_bytes(b"attacker data")
+    os.chmod(squatted, 0o666)
+    try:
+        seg = shmload.shm.Segment(0, 1 << 12)
+        try:
+            assert os.fstat(seg.fd).st_ino != squatted.stat().st_ino
+            assert bytes(seg.mmap[:13]) == bytes(13)
+        finally:
+            seg.close()
+        assert squatted.read_bytes() == b"attacker data"
+    finally:
+        squatted.unlink()
