@@ -67,3 +67,13 @@ def test_random_resized_crop_stays_inside_the_image_with_torchvisions_bounds():
     # an extreme aspect ratio takes the fallback: the central crop with the ratio clamped
     random.seed(1)
     assert random_resized_crop_box(1000, 10, scale=(0.99, 1.0), ratio=(1.0, 1.0)) == (495, 0, 10, 10)
+
+
+def test_the_soak_slope_ignores_the_warm_up_half_and_is_per_hour():
+    from benchmarks.soak import slope
+
+    times = [60.0 * k for k in range(10)]  # one sample a minute
+    values = [500.0] * 5 + [100.0 + 2.0 * k for k in range(5, 10)]  # warm-up, then 2 MiB a minute
+    assert slope(times, values) == pytest.approx(120.0)
+    assert slope(times, [7.0] * 10) == pytest.approx(0.0, abs=1e-9)
+    assert slope([0.0], [1.0]) == 0.0

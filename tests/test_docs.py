@@ -26,3 +26,16 @@ def test_ci_runs_the_readmes_test_command():
     test_command = next(c for c in commands if "pytest" in c)
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         assert test_command in f.read().splitlines()
+
+
+def test_every_test_the_reliability_doc_cites_exists():
+    with open(os.path.join(ROOT, "docs", "reliability.md")) as f:
+        doc = f.read()
+    cited = set(re.findall(r"`(?:tests/test_\w+\.py::)?(test_\w+)`", doc))
+    defined = set()
+    for name in os.listdir(os.path.join(ROOT, "tests")):
+        if name.startswith("test_") and name.endswith(".py"):
+            with open(os.path.join(ROOT, "tests", name)) as f:
+                defined.update(re.findall(r"^def (test_\w+)\(", f.read(), re.M))
+    assert len(cited) > 30
+    assert cited <= defined, f"docs/reliability.md cites tests that do not exist: {sorted(cited - defined)}"
