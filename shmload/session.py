@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from . import lifetime
 from .config import LoaderConfig
-from .dispatch import DEFAULT_PREFETCH, Dispatcher, prefetch_depth
+from .dispatch import Dispatcher, prefetch_depth
 from .layout import ObjectValue
 from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
                      format_bytes, format_indices)
@@ -84,8 +84,6 @@ class Session:
         self.iteration = 0
         self.closed = False
         self.releases = lifetime.ReleaseQueue()
-        self.dispatcher = Dispatcher(cfg.num_workers, DEFAULT_PREFETCH if cfg.prefetch_factor is None
-                                     else cfg.prefetch_factor)
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
         self._layouts: dict[bytes, Any] = {}  # see _layout()
@@ -96,6 +94,7 @@ class Session:
             bound, source = default_max_shm_bytes()
         self.ring = Ring(Segment, self._min_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
+        self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
         self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
                                      UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
         try:

@@ -85,7 +85,6 @@ class Supervisor:
         payload = user if method == "fork" else _pickled_user_code(user, method)
         self._args = WorkerArgs(0, num_workers, seed, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
-        self._replaced: list[WorkerHandle] = []  # dead workers that restart() replaced
         try:
             for wid in range(num_workers):
                 self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
@@ -140,12 +139,9 @@ class Supervisor:
         if not old.exited:
             self._retire(old)
         self._close_channel(old)
-        old.process.join(JOIN_TIMEOUT)  # it is dead: this reaps it, so no zombie stays behind
-        if old.process.exitcode is not None:
-            old.exitcode = old.process.exitcode
-            old.process.close()
-        else:
-            self._replaced.append(old)  # shutdown() tries again
+        old.process.join(JOIN_TIMEOUT)  # its sentinel fired: this only reaps it, so no zombie stays
+        old.exitcode = old.process.exitcode
+        old.process.close()
         self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
 
@@ -200,18 +196,17 @@ class Supervisor:
             if not h.exited:
                 self._retire(h)
             self._close_channel(h)
-        handles = self.workers + self._replaced
         deadline = time.monotonic() + JOIN_TIMEOUT
-        for h in handles:
+        for h in self.workers:
             h.process.join(max(0.0, deadline - time.monotonic()))
         for escalate in ("terminate", "kill"):
-            stuck = [h for h in handles if h.process.is_alive()]
+            stuck = [h for h in self.workers if h.process.is_alive()]
             for h in stuck:
                 getattr(h.process, escalate)()
             deadline = time.monotonic() + TERM_TIMEOUT
             for h in stuck:
                 h.process.join(max(0.0, deadline - time.monotonic()))
-        for h in handles:
+        for h in self.workers:
             if h.process.exitcode is not None and h.exitcode is None:
                 h.exitcode = h.process.exitcode
                 h.process.close()

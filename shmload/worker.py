@@ -108,13 +108,8 @@ def _exit_when_orphaned(fd: int) -> None:
     reports), never the data the worker's main thread reads."""
     watch = select.poll()
     watch.register(fd, select.POLLRDHUP)
-    while True:
-        try:
-            events = watch.poll()
-        except InterruptedError:
-            continue
-        if any(mask & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, mask in events):
-            os._exit(0)  # nothing named to clean up: segments are unlinked, the socket dies with us
+    watch.poll()  # no time-out, and signals are retried (PEP 475): it returns only on a hang-up
+    os._exit(0)  # nothing named to clean up: segments are unlinked, the socket dies with us
 
 
 class _WorkerLoop:

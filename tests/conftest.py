@@ -55,10 +55,14 @@ def _children() -> dict[int, str]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def no_leaks():
-    entries, children, segments = _entries(), _children(), _own_segments()
-    yield
+def snapshot() -> tuple:
+    """What exists now: /dev/shm entries, child processes, this process's segments."""
+    return _entries(), _children(), _own_segments()
+
+
+def assert_nothing_new(before: tuple, what: str = "test") -> None:
+    """Fail if anything appeared since ``before``; what is on its way out gets 5 s to go."""
+    entries, children, segments = before
     gc.collect()
     deadline = time.monotonic() + 5.0
     while True:
@@ -69,9 +73,16 @@ def no_leaks():
             break
         time.sleep(0.05)
         gc.collect()
-    assert not new_entries, f"test left shared-memory entries behind: {sorted(new_entries)}"
-    assert not new_children, f"test left child processes alive: {new_children}"
-    assert not new_segments, f"test left shared memory mapped or open in this process: {new_segments}"
+    assert not new_entries, f"{what} left shared-memory entries behind: {sorted(new_entries)}"
+    assert not new_children, f"{what} left child processes alive: {new_children}"
+    assert not new_segments, f"{what} left shared memory mapped or open in this process: {new_segments}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    before = snapshot()
+    yield
+    assert_nothing_new(before)
 
 
 @pytest.fixture(params=["fork"])

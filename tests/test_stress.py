@@ -9,10 +9,8 @@ The default run does ``SHMLOAD_STRESS_ROUNDS`` schedules (40, about 10 s); a lon
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import os
-import time
 import random
 import re
 import warnings
@@ -21,7 +19,7 @@ import pytest
 
 from shmload import DataLoader, ShmloadWarning
 
-from .conftest import _children, _entries, _own_segments
+from .conftest import assert_nothing_new, snapshot
 from .helpers import FaultyDataset, concat_collate
 
 ROUNDS = int(os.environ.get("SHMLOAD_STRESS_ROUNDS", "40"))
@@ -92,7 +90,7 @@ def run_schedule(s: dict) -> tuple[int, int]:
 @pytest.mark.timeout(max(100, 8 * ROUNDS))
 def test_random_fault_schedules(tmp_path):
     rng = random.Random(int(os.environ.get("SHMLOAD_STRESS_SEED", "20261121")))
-    entries, children, segments = _entries(), set(_children()), _own_segments()
+    before = snapshot()
     errors = restarts = 0
     for k in range(ROUNDS):
         marker_dir = tmp_path / f"round-{k}"
@@ -100,18 +98,8 @@ def test_random_fault_schedules(tmp_path):
         s = schedule(rng, marker_dir)
         e, r = run_schedule(s)
         errors, restarts = errors + e, restarts + r
-        gc.collect()
-        assert _entries() == entries and _own_segments() == segments, f"schedule {s} leaked shared memory"
-        assert wait_for_no_new_children(children), f"schedule {s} left child processes: {_children()}"
+        assert_nothing_new(before, f"schedule {s}")
     print(f"{ROUNDS} schedules: {errors} errors delivered at their batch, {restarts} workers killed and replaced")
     if ROUNDS >= 12:  # the schedules must really exercise the faults
         assert errors > 0 and restarts > 0
 
-
-def wait_for_no_new_children(before: set, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not set(_children()) - before:
-            return True
-        time.sleep(0.05)
-    return False
