@@ -40,6 +40,9 @@ class Dispatcher:
     def __init__(self, num_workers: int, per_worker: int):
         self.per_worker = per_worker
         self._tasks: list[dict[tuple[int, int], Any]] = [{} for _ in range(num_workers)]
+        # How many tasks in flight have no slot (``task.slot is None``): zero in steady
+        # state, which spares the session a scan of every task on each dispatch.
+        self.without_slot = 0
 
     def pick(self) -> int | None:
         """The worker to send the next task to, or None if every worker is full."""
@@ -50,10 +53,16 @@ class Dispatcher:
         return best
 
     def assign(self, wid: int, key: tuple[int, int], task: Any) -> None:
+        """Record ``task`` (anything with a ``slot`` attribute) as held by ``wid``,
+        replacing what was recorded under ``key``."""
+        old = self._tasks[wid].get(key)
+        self.without_slot += (task.slot is None) - (old is not None and old.slot is None)
         self._tasks[wid][key] = task
 
     def complete(self, wid: int, key: tuple[int, int]) -> Any:
-        return self._tasks[wid].pop(key)
+        task = self._tasks[wid].pop(key)
+        self.without_slot -= task.slot is None
+        return task
 
     def task(self, wid: int, key: tuple[int, int]) -> Any:
         return self._tasks[wid][key]

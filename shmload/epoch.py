@@ -121,6 +121,12 @@ class MultiprocessEpoch(_Epoch):
                 deadline = None
 
     def _fill(self) -> None:
+        try:
+            self._dispatch()
+        finally:
+            self._session.flush()  # the tasks of this round leave together, one write per worker
+
+    def _dispatch(self) -> None:
         while not self._exhausted and len(self._reorder) < self._session.outstanding:
             if self._pending is None:
                 try:

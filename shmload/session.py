@@ -163,7 +163,7 @@ class Session:
             return False
         slot = None
         if self.ring.slot_bytes:  # else: sent without a slot; the worker's NeedSpace sizes the ring
-            if not self._room_for(len(self._slotless())):
+            if not self._room_for(len(self._slotless()) if self.dispatcher.without_slot else 0):
                 return False  # earlier batches need the free slots
             slot = self.ring.take()
             if slot is None:
@@ -172,8 +172,13 @@ class Session:
                     return False
         task = Task(self.iteration, epoch, seq, indices, slot.ref if slot is not None else None)
         self.dispatcher.assign(wid, (self.iteration, seq), _InFlight(task, slot))
-        self.supervisor.send(wid, task)
+        self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
         return True
+
+    def flush(self) -> None:
+        """Send the tasks dispatched since the last flush. The epoch calls it after each
+        round of dispatching (and :meth:`poll` before it waits)."""
+        self.supervisor.flush()
 
     def _slotless(self) -> list[int]:
         """The batches of this iteration in flight without a slot, earliest first: sent

@@ -81,6 +81,7 @@ class Supervisor:
                 "created inside a dataset.")
         self.ctx = ctx
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
+        self._deferred: set[WorkerHandle] = set()  # channels with messages waiting for flush()
         method = ctx.get_start_method()
         payload = user if method == "fork" else _pickled_user_code(user, method)
         self._args = WorkerArgs(0, num_workers, seed, auto_batch, payload, None)
@@ -124,13 +125,28 @@ class Supervisor:
         h.events = events
 
     # ------------------------------------------------------------ talking
-    def send(self, wid: int, msg: Any, fd: int | None = None) -> None:
-        """Queue ``msg`` (and ``fd``) for worker ``wid``; never blocks."""
+    def send(self, wid: int, msg: Any, fd: int | None = None, defer: bool = False) -> None:
+        """Queue ``msg`` (and ``fd``) for worker ``wid``; never blocks. A deferred message
+        leaves at the next :meth:`flush` (or :meth:`poll`), with the others queued for the
+        same worker in one write: one system call and one wake-up of the worker for
+        several tasks, instead of one each."""
         h = self.workers[wid]
         if h.exited or h.channel.eof:
             return  # poll() reports the death, with what the worker held
-        h.channel.send(msg, fd)
-        self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+        h.channel.send(msg, fd, flush=not defer)
+        if defer:
+            self._deferred.add(h)
+        else:
+            self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+
+    def flush(self) -> None:
+        """Write the deferred messages."""
+        while self._deferred:
+            h = self._deferred.pop()
+            if h.exited or h.channel is None or h.channel.eof:
+                continue
+            h.channel.flush()
+            self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
 
     def restart(self, wid: int) -> WorkerHandle:
         """Start a replacement for worker ``wid``, which has died: same id, new process and
@@ -158,6 +174,7 @@ class Supervisor:
         """Frames that arrived within ``timeout`` seconds, and workers that have died.
 
         A dead worker's last messages are read before its death is reported."""
+        self.flush()
         frames, dead = [], []
         for key, mask in self._selector.select(timeout):
             h = key.data

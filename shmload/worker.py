@@ -38,6 +38,7 @@ from . import collate as _collate
 from . import layout as _layout
 from . import seeding
 from .errors import RemoteError, WorkerError
+from .channel import Inbox
 from .fetch import check_indices, fetch
 from .messages import (Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
                        StartupFailed, Task)
@@ -121,10 +122,11 @@ class _WorkerLoop:
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
         self.last_layout: tuple[Any, bytes] = (None, b"")  # see pickled_layout()
+        self.inbox = Inbox(self.conn.fileno())
         # One poll object for the worker's life: Connection.poll() builds a selector per
         # call, ~10 us a batch.
         self.poller = select.poll()
-        self.poller.register(self.conn.fileno(), select.POLLIN)
+        self.poller.register(self.inbox.sock.fileno(), select.POLLIN)
 
     # ------------------------------------------------------------ start-up
     def start(self) -> bool:
@@ -143,19 +145,26 @@ class _WorkerLoop:
 
     # ------------------------------------------------------------ messages
     def recv(self) -> Any:
+        """The next message: from what was read already if it holds one (no system call),
+        else after waiting for more."""
+        while True:
+            msg = self.inbox.next_message()
+            if msg is not None:
+                return msg
+            self.wait_readable()
+
+    def recv_fd(self) -> int:
+        while True:
+            fd = self.inbox.take_fd()
+            if fd is not None:
+                return fd
+            self.wait_readable()
+
+    def wait_readable(self) -> None:
         while not self.poller.poll(WATCHDOG_INTERVAL * 1000):
             if os.getppid() != self.parent:
                 raise _ParentGone()
-        try:
-            return self.conn.recv()
-        except OSError as exc:  # "got end of file during message": closed mid-frame at shutdown
-            raise EOFError from exc
-
-    def recv_fd(self) -> int:
-        try:
-            return reduction.recv_handle(self.conn)
-        except (OSError, RuntimeError) as exc:  # closed before the descriptor came
-            raise EOFError from exc
+        self.inbox.read()
 
     def send(self, msg: Any) -> None:
         self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # plain data, see messages.py
@@ -305,6 +314,7 @@ class _WorkerLoop:
             except BufferError:
                 pass
         self.segments.clear()
+        self.inbox.close()
         try:
             self.conn.close()
         except OSError:

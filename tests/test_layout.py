@@ -46,12 +46,24 @@ def test_ordered_dict_type_is_kept():
     assert type(batch) is collections.OrderedDict and batch["b"].tolist() == [2, 2]
 
 
+def plan_and_write(samples, indices=None):
+    """What a worker does with a batch: plan it, then write it into a slot. Some checks of
+    the fast path happen in the write (see layout._transpose), so errors are checked here."""
+    plan = L.plan_stack(samples, indices)
+    slot = np.zeros(plan.layout.nbytes + L.ALIGN, np.uint8)
+    L.write(plan, L.slot_destination(slot))
+    return plan, slot
+
+
 def test_shape_mismatch_names_field_index_and_expectation():
     samples = [{"image": np.zeros((3, 4))}, {"image": np.zeros((3, 5))}]
     plan_error = r"field sample\['image'\]: dataset index 11 \(position 1 in the batch\) has an array of shape " \
                  r"\(3, 5\).*expected an array of shape \(3, 4\) and dtype float64 like dataset index 10"
     with pytest.raises(CollateError, match=plan_error):
-        L.plan_stack(samples, [10, 11])
+        plan_and_write(samples, [10, 11])
+    with pytest.raises(CollateError, match=r"field sample\['image'\]: position 1 in the batch has an array of "
+                                           r"shape \(3, 5\).*like position 0 in the batch"):
+        default_collate(samples)
 
 
 def test_dtype_mismatch_is_an_error_not_a_silent_cast():
@@ -161,10 +173,25 @@ def test_fast_path_plans_and_writes_exactly_what_the_reference_does(name):
     ([(np.zeros(3), 1), [np.zeros(3), 2]], r"field sample: dataset index 1 \(position 1 in the batch\) has a list of length 2, expected a tuple"),
     ([{"a": 1}, {"b": 1}], r"field sample: dataset index 1 \(position 1 in the batch\) has a dict with keys \['b'\]"),
     ([(np.zeros(3), 1), (np.zeros(3), True)], r"field sample\[1\]: dataset index 1 \(position 1 in the batch\) has a bool"),
+    # left to the write's concatenate by the fast path: same first dimension, other differences
+    ([np.zeros(3), np.zeros((3, 1))], r"field sample: dataset index 1 .*shape \(3, 1\).*expected .*shape \(3,\)"),
+    ([np.zeros(3, "<f4"), np.zeros(3, ">f4")], r"field sample: dataset index 1 .*dtype >f4"),
+    ([np.zeros((2, 3)), np.zeros((2, 4))], r"field sample: dataset index 1 .*shape \(2, 4\)"),
+    # left to the write's conversion: an int outside int64
+    ([(np.zeros(3), 1), (np.zeros(3), 2**63)], r"field sample\[1\]: the Python int 9223372036854775808 does not fit"),
+    ([(np.zeros(3), -2**63 - 1), (np.zeros(3), 1)], r"field sample\[1\]: the Python int -9223372036854775809 does"),
 ])
 def test_mismatches_get_the_reference_error_whichever_path_runs(bad, pattern):
     with pytest.raises(CollateError, match=pattern):
-        L.plan_stack(bad, [0, 1])
+        plan_and_write(bad, [0, 1])
+    with pytest.raises(CollateError, match=pattern.split(":")[0]):  # no indices: positions only
+        default_collate(bad)
+
+
+def test_a_write_failing_for_another_reason_keeps_its_own_error():
+    plan = L.plan_stack([np.zeros(3), np.zeros(3)])
+    with pytest.raises(ValueError, match="could not broadcast|output array|shape"):
+        L.write(plan, lambda spec: np.zeros(5))  # a destination of the wrong size
 
 
 def test_common_batches_take_the_fast_path_and_unusual_ones_the_reference(monkeypatch):

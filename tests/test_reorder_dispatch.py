@@ -1,5 +1,7 @@
 """Reorder buffer and dispatcher: pure, no processes."""
 
+from typing import NamedTuple
+
 import pytest
 
 from shmload.dispatch import Dispatcher, prefetch_depth
@@ -45,17 +47,39 @@ def test_duplicates_and_unexpected_results_are_errors(in_order):
 def test_dispatcher_prefers_the_least_loaded_worker_and_respects_credits():
     d = Dispatcher(num_workers=2, per_worker=2)
     picks = []
+    tasks = [Held(f"task{seq}", slot=None if seq == 3 else seq) for seq in range(4)]
     for seq in range(4):
         wid = d.pick()
         picks.append(wid)
-        d.assign(wid, (1, seq), f"task{seq}")
+        d.assign(wid, (1, seq), tasks[seq])
     assert picks == [0, 1, 0, 1]
     assert d.pick() is None  # every worker holds prefetch_factor tasks
-    assert d.complete(1, (1, 1)) == "task1"
+    assert d.complete(1, (1, 1)) == tasks[1]
     assert d.pick() == 1
-    assert d.held_by(0) == ["task0", "task2"] and d.task(0, (1, 2)) == "task2"
-    assert d.complete(0, (1, 0)) == "task0" and d.complete(0, (1, 2)) == "task2"
+    assert d.held_by(0) == [tasks[0], tasks[2]] and d.task(0, (1, 2)) == tasks[2]
+    assert d.complete(0, (1, 0)) == tasks[0] and d.complete(0, (1, 2)) == tasks[2]
     assert d.pick() == 0  # now the least loaded
+
+
+def test_dispatcher_counts_the_tasks_without_a_slot():
+    d = Dispatcher(num_workers=2, per_worker=4)
+    d.assign(0, (1, 0), Held("a", None))
+    d.assign(1, (1, 1), Held("b", None))
+    d.assign(1, (1, 2), Held("c", 5))
+    assert d.without_slot == 2
+    d.assign(0, (1, 0), Held("a", 7))  # given a slot (a Reassign)
+    assert d.without_slot == 1
+    d.assign(1, (1, 2), Held("c", None))  # gave its slot back (a NeedSpace)
+    assert d.without_slot == 2
+    d.complete(1, (1, 1))
+    d.complete(1, (1, 2))
+    d.complete(0, (1, 0))
+    assert d.without_slot == 0
+
+
+class Held(NamedTuple):
+    name: str
+    slot: int | None
 
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
