@@ -9,6 +9,7 @@ from .errors import (CollateError, LoaderTimeoutError, OptionalDependencyError, 
                      SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from .stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .worker import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
@@ -17,10 +18,13 @@ __all__ = [
     "BatchSampler",
     "CollateError",
     "DataLoader",
+    "LoaderStats",
     "LoaderTimeoutError",
+    "MainStats",
     "OptionalDependencyError",
     "RandomSampler",
     "RingFullError",
+    "RingStats",
     "SequentialSampler",
     "SharedMemoryError",
     "ShmloadError",
@@ -28,6 +32,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",
+    "WorkerStats",
     "WorkerStartupError",
     "default_collate",
     "get_worker_info",

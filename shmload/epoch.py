@@ -23,18 +23,37 @@ from .config import LoaderConfig
 from .errors import LoaderTimeoutError, ShmloadError, format_indices
 from .fetch import fetch
 from .reorder import ReorderBuffer
+from .profile import Profile
 from .session import LoadFailed, Session
 
 POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
+_clock = time.perf_counter
 
 
 class _Epoch:
-    """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's."""
+    """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's,
+    and every ``next()`` is timed for the profiler (``profile.ConsumerClock``)."""
 
     _length: int | None
+    _profile: Profile
+    _nbytes = 0  # array bytes of the batch _produce() returned
 
     def __iter__(self) -> _Epoch:
         return self
+
+    def __next__(self) -> Any:
+        clock = self._profile.consumer
+        entered = clock.enter()
+        try:
+            batch = self._produce()
+        except BaseException:
+            clock.ended(entered)
+            raise
+        clock.leave(entered, self._nbytes)
+        return batch
+
+    def _produce(self) -> Any:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         if self._length is None:
@@ -43,29 +62,44 @@ class _Epoch:
 
 
 class SingleProcessEpoch(_Epoch):
-    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None):
+    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None, profile: Profile):
         self._cfg, self._batches, self._epoch, self._length = cfg, batches, epoch, length
+        self._profile = profile
         self._seq = 0
 
-    def __next__(self) -> Any:
+    def _produce(self) -> Any:
         indices = next(self._batches)
         seq, self._seq = self._seq, self._seq + 1
         cfg = self._cfg
-        with seeding.preserved_globals():
-            seeding.seed_globals(cfg.seed, self._epoch, seq)
-            try:
-                samples = fetch(cfg.dataset, indices, cfg.auto_batch)
-                plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
-            except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
-                raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
-                                   f"(dataset indices {format_indices(indices)})") from exc
-        return _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
+        started = _clock()
+        fetched = collated = started
+        try:
+            with seeding.preserved_globals():
+                seeding.seed_globals(cfg.seed, self._epoch, seq)
+                try:
+                    fetched = _clock()
+                    samples = fetch(cfg.dataset, indices, cfg.auto_batch)
+                    collated = _clock()
+                    plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
+                except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
+                    raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
+                                       f"(dataset indices {format_indices(indices)})") from exc
+            batch = _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
+            self._nbytes = plan.layout.nbytes
+            return batch
+        finally:  # the in-process "worker" of the profile: no wait for a task, and no other stage
+            now = _clock()
+            fetch_s = collated - fetched
+            collate_s = now - collated if collated > started else 0.0
+            samples_n = len(indices) if cfg.auto_batch else 1
+            self._profile.inline.batch(seq, started, started, fetch_s, collate_s, now, samples_n, self._nbytes)
 
 
 class MultiprocessEpoch(_Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 batches: Iterator, epoch: int, length: int | None, loader: Any):
+                 batches: Iterator, epoch: int, length: int | None, loader: Any, profile: Profile):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
+        self._profile = profile
         self._cfg, self._session, self._batches = cfg, session, batches
         self._epoch, self._length = epoch, length
         self._iteration = session.begin_iteration()
@@ -78,7 +112,7 @@ class MultiprocessEpoch(_Epoch):
         self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
         self._done = False
 
-    def __next__(self) -> Any:
+    def _produce(self) -> Any:
         if self._done:
             raise StopIteration
         if os.getpid() != self._session.owner_pid:
@@ -143,6 +177,9 @@ class MultiprocessEpoch(_Epoch):
     def _yield(self, result: Any) -> Any:
         if type(result) is LoadFailed:
             raise result.error
+        self._nbytes = result.layout.nbytes
+        self._session.collect_releases()  # so the sample counts batches the consumer let go as free
+        self._profile.consumer.sample_ring(self._session.ring)
         return self._session.deliver(result)
 
     def _timed_out(self) -> LoaderTimeoutError:

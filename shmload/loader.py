@@ -17,10 +17,13 @@ from . import _platform, seeding
 from ._checks import check_int
 from .collate import default_collate
 from .config import LoaderConfig
+from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import OptionalDependencyError
+from .profile import Profile
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .session import RestartBudget, Session
+from .stats import LoaderStats
 from .supervisor import owned_here
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
@@ -53,6 +56,7 @@ class _Sessions:
         self.persistent: Session | None = None
         self.live: weakref.WeakSet[Session] = weakref.WeakSet()
         self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
+        self.profile = Profile()  # always on: see profile.py and loader.stats()
 
     def close(self) -> None:
         for session in list(self.live):
@@ -210,15 +214,15 @@ class DataLoader:
             sessions.persistent.close()  # settings changed since its workers started
             sessions.persistent = None
         if cfg.num_workers == 0:
-            return SingleProcessEpoch(cfg, batches, epoch, length)
+            return SingleProcessEpoch(cfg, batches, epoch, length, sessions.profile)
         if cfg.persistent_workers:
             if sessions.persistent is None or sessions.persistent.closed:
-                sessions.persistent = Session(cfg, sessions.restarts)
+                sessions.persistent = Session(cfg, sessions.restarts, sessions.profile)
                 sessions.live.add(sessions.persistent)
-            return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length, self)
-        session = Session(cfg, sessions.restarts)
+            return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length, self, sessions.profile)
+        session = Session(cfg, sessions.restarts, sessions.profile)
         sessions.live.add(session)
-        return MultiprocessEpoch(cfg, session, True, batches, epoch, length, self)
+        return MultiprocessEpoch(cfg, session, True, batches, epoch, length, self, sessions.profile)
 
     def _length(self) -> int | None:
         try:
@@ -239,6 +243,28 @@ class DataLoader:
         if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSampler) \
                 and hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
+
+    # ------------------------------------------------------------ profile
+    def stats(self, memory: bool = True) -> LoaderStats:
+        """A frozen snapshot of the profile since the loader was created or since the
+        last :meth:`reset_stats`: per worker, its time per stage and utilization; for the
+        consumer, its time waiting in ``next()`` (the data stall) and between calls;
+        throughput, ring occupancy, CPU and memory per process. ``print()`` it for a
+        table and a diagnosis with a recommendation; see docs/profiling.md.
+
+        Works during and after an epoch. ``memory=False`` skips reading each process's
+        memory map (PSS/USS), which takes a few milliseconds per process."""
+        sessions = self._sessions
+        live = sessions.persistent if sessions.persistent is not None and not sessions.persistent.closed else None
+        if live is None:
+            live = next((s for s in list(sessions.live) if not s.closed), None)
+        num_workers = live.cfg.num_workers if live is not None else self.num_workers
+        depth = live.dispatcher.per_worker if live is not None else (self.prefetch_factor or DEFAULT_PREFETCH)
+        return sessions.profile.snapshot(num_workers, depth, memory=memory)
+
+    def reset_stats(self) -> None:
+        """Start a new profile window now (``loader.stats().reset()`` does the same)."""
+        self._sessions.profile.reset()
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -7,8 +7,8 @@ directions and, right after an :class:`Attach`, the segment's file descriptor
 capped at 10 messages and 8 KB by default, ``/dev/mqueue`` is often not mounted in
 containers, and they cannot carry file descriptors.
 
-Main -> worker: :class:`Attach` (+ fd), :class:`Detach`, :class:`Task`,
-:class:`Reassign`, :class:`Shutdown`.
+Main -> worker: :class:`Attach` (+ fd), :class:`Detach`, :class:`AttachBoard` (+ fd),
+:class:`Task`, :class:`Reassign`, :class:`Shutdown`.
 Worker -> main: :class:`Ready`, :class:`StartupFailed`, :class:`Done`,
 :class:`NeedSpace`, :class:`Failed`.
 
@@ -37,6 +37,15 @@ class Attach(NamedTuple):
 
     segment: int
     size: int
+
+
+class AttachBoard(NamedTuple):
+    """Map the profiler's board (see ``counters.py``) and record into row ``row``; its file
+    descriptor follows on the socket. Sent before any task."""
+
+    size: int
+    rows: int
+    row: int
 
 
 class Detach(NamedTuple):

@@ -30,16 +30,17 @@ import warnings
 from collections import deque
 from typing import Any, NamedTuple
 
-from . import lifetime
+from . import counters, lifetime
 from .config import LoaderConfig
 from .dispatch import Dispatcher, prefetch_depth
 from .layout import ObjectValue
 from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
                      format_bytes, format_indices)
-from .messages import Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
+from .messages import Attach, AttachBoard, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
 from .supervisor import Supervisor, owned_here
+from .profile import cpu_seconds
 from .worker import UserCode
 
 
@@ -77,8 +78,9 @@ def default_max_shm_bytes() -> tuple[int, str]:
 
 
 class Session:
-    def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None):
+    def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None, profile: Any = None):
         self.cfg = cfg
+        self.profile = profile  # the loader's Profile (profile.py), told when this session closes
         self.restarts = restarts if restarts is not None else RestartBudget()
         self.owner_pid = os.getpid()
         self.iteration = 0
@@ -95,14 +97,43 @@ class Session:
         self.ring = Ring(Segment, self._min_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
-        self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
-                                     UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
+        # The profiler's board: one row of counters per worker (counters.py), ~256 KiB each.
+        self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
+        self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
         try:
+            self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
+                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
+        except BaseException:
+            self._close_board()
+            raise
+        try:
+            for h in self.supervisor.workers:
+                self._send_board(h.id)
+            if profile is not None:
+                profile.attach(self)
             if cfg.slot_bytes:
                 self.ring.grow_capacity(cfg.slot_bytes)
         except BaseException:
             self.close()
             raise
+
+    def _send_board(self, wid: int) -> None:
+        seg = self._board_segment
+        self.supervisor.send(wid, AttachBoard(seg.size, self.cfg.num_workers, wid), fd=seg.fd)
+
+    def _close_board(self) -> None:
+        self.board = None
+        self._board_segment.close()
+
+    # The profiler's questions about this session's workers.
+    def worker_pids(self) -> list[int]:
+        return [h.pid for h in self.supervisor.workers if not h.exited]
+
+    def worker_pid_map(self) -> dict[int, int]:
+        return {h.id: h.pid for h in self.supervisor.workers if not h.exited}
+
+    def worker_id_of(self, pid: int) -> int | None:
+        return next((h.id for h in self.supervisor.workers if h.pid == pid), None)
 
     # ------------------------------------------------------------ depth
     def _min_slots(self, slot_bytes: int) -> int:
@@ -378,6 +409,7 @@ class Session:
         held = self.dispatcher.held_by(h.id)
         self._space_wanted = deque(item for item in self._space_wanted if item[0] != h.id)
         new = self.supervisor.restart(h.id)
+        self._send_board(h.id)  # it carries on the dead worker's row
         for seg in self.ring.segments():
             self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
         for entry in held:
@@ -436,10 +468,16 @@ class Session:
         if self.closed or not owned_here(self.owner_pid):
             return
         self.closed = True
+        cpu = {pid: cpu_seconds(pid) for pid in self.worker_pids()} if self.profile is not None else {}
         try:
             self.supervisor.shutdown()
         finally:
-            self.ring.close()
+            try:
+                if self.profile is not None:
+                    self.profile.retire(self, cpu)  # after shutdown: the workers' last batches are in
+            finally:
+                self._close_board()
+                self.ring.close()
 
     def describe_ring(self) -> str:
         r = self.ring

@@ -29,23 +29,26 @@ import pickle
 import select
 import signal
 import threading
+import time
 from collections import deque
 import traceback
 from multiprocessing import reduction
 from typing import Any, Callable, NamedTuple
 
 from . import collate as _collate
+from . import counters
 from . import layout as _layout
 from . import seeding
 from .errors import RemoteError, WorkerError
 from .channel import Inbox
 from .fetch import check_indices, fetch
-from .messages import (Attach, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
+from .messages import (Attach, AttachBoard, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
                        StartupFailed, Task)
 from .shm import AttachedSegment
 from .stream import MIN_SAMPLE_BYTES, StreamedBatch
 
 WATCHDOG_INTERVAL = 0.5
+_clock = time.perf_counter
 
 
 class WorkerInfo(NamedTuple):
@@ -122,6 +125,12 @@ class _WorkerLoop:
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
         self.last_layout: tuple[Any, bytes] = (None, b"")  # see pickled_layout()
+        # The profiler (counters.py): this worker's row of the board, and the current
+        # batch's seconds in the dataset and in collate, and its bytes.
+        self.board: AttachedSegment | None = None
+        self.recorder: counters.Recorder | None = None
+        self.fetch_s = self.collate_s = 0.0
+        self.nbytes = 0
         self.inbox = Inbox(self.conn.fileno())
         # One poll object for the worker's life: Connection.poll() builds a selector per
         # call, ~10 us a batch.
@@ -171,9 +180,10 @@ class _WorkerLoop:
 
     def run(self) -> None:
         while True:
+            waited_from = _clock()
             msg = self.backlog.popleft() if self.backlog else self.recv()
             if type(msg) is Task:
-                self.load(msg)
+                self.load_recorded(msg, waited_from)
             elif type(msg) is Shutdown:
                 return
             else:
@@ -185,6 +195,9 @@ class _WorkerLoop:
             self.segments[msg.segment] = AttachedSegment(fd, msg.size)
         elif type(msg) is Detach:
             self.segments.pop(msg.segment).close()
+        elif type(msg) is AttachBoard:
+            self.board = AttachedSegment(self.recv_fd(), msg.size)
+            self.recorder = counters.Recorder(counters.board(self.board.mmap, msg.rows), msg.row)
         else:
             raise TypeError(f"worker got an unexpected message {msg!r}")
 
@@ -202,6 +215,19 @@ class _WorkerLoop:
                 self.control(msg)
 
     # ------------------------------------------------------------ the data path
+    def load_recorded(self, task: Task, waited_from: float) -> None:
+        """Load ``task`` and add its times to this worker's counters (about 1 us)."""
+        started = _clock()
+        self.fetch_s = self.collate_s = 0.0
+        self.nbytes = 0
+        try:
+            self.load(task)
+        finally:
+            if self.recorder is not None:
+                samples = len(task.indices) if self.args.auto_batch else 1
+                self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), samples,
+                                    self.nbytes)
+
     def load(self, task: Task) -> None:
         a, user = self.args, self.user
         written = False
@@ -213,8 +239,11 @@ class _WorkerLoop:
                     return  # its epoch was abandoned while it waited for a slot
                 plan, written = streamed
             else:
+                t0 = _clock()
                 samples = fetch(user.dataset, task.indices, a.auto_batch)
+                t1 = _clock()
                 plan = _collate.make_plan(samples, task.indices, user.collate_fn, a.auto_batch)
+                self.fetch_s, self.collate_s = t1 - t0, _clock() - t1
         except Exception as exc:
             self.fail(task.iteration, task.seq, exc)
             return
@@ -238,19 +267,39 @@ class _WorkerLoop:
         asks for one right then, before fetching the rest: even the batches that size the
         ring never sit whole in the worker's heap."""
         dataset, indices = self.user.dataset, task.indices
+        t0 = _clock()
         check_indices(dataset, indices)
         first = dataset[indices[0]]
+        t1 = _clock()
         batch = StreamedBatch(first, indices)
         if batch.sample_bytes < MIN_SAMPLE_BYTES:
-            return batch.plan([first] + [dataset[i] for i in indices[1:]]), False
+            t2 = _clock()
+            rest = [dataset[i] for i in indices[1:]]
+            t3 = _clock()
+            plan = batch.plan([first] + rest)
+            self.fetch_s, self.collate_s = (t1 - t0) + (t3 - t2), (t2 - t1) + (_clock() - t3)
+            return plan, False
         del first
+        self.fetch_s = t1 - t0
         slot = self.slot_for(task.iteration, task.seq, batch.nbytes, task.slot)
         if slot is None:
             return None
         target = self.slot_array(slot)
-        plan = batch.write(_layout.slot_destination(target), (dataset[i] for i in indices[1:]))
+        t2 = _clock()
+        plan = batch.write(_layout.slot_destination(target), self.timed_fetch(indices[1:]))
         _layout.write(plan, _layout.slot_destination(target))  # the small leaves (Python scalars)
+        self.collate_s = _clock() - t2 - (self.fetch_s - (t1 - t0))  # writing, without the fetches within
         return plan, True
+
+    def timed_fetch(self, indices: Any) -> Any:
+        """The samples at ``indices``, one at a time, their fetch time added to ``fetch_s``."""
+        dataset = self.user.dataset
+        for i in indices:
+            t = _clock()
+            sample = dataset[i]
+            self.fetch_s += _clock() - t
+            yield sample
+            del sample
 
     def slot_for(self, iteration: int, seq: int, nbytes: int, slot: SlotRef | None) -> SlotRef | None:
         """``slot`` if it holds ``nbytes``, else a larger one asked for (None: the epoch
@@ -273,11 +322,14 @@ class _WorkerLoop:
         slot = self.slot_for(iteration, seq, plan.layout.nbytes, slot)
         if slot is None:
             return  # its epoch was abandoned
+        t = _clock()
         try:
             _layout.write(plan, _layout.slot_destination(self.slot_array(slot)))
         except Exception as exc:
             self.fail(iteration, seq, exc)
             return
+        finally:
+            self.collate_s += _clock() - t
         self.done(iteration, seq, plan)
 
     def done(self, iteration: int, seq: int, plan: _layout.Plan) -> None:
@@ -290,6 +342,7 @@ class _WorkerLoop:
             except WorkerError as err:
                 self.fail(iteration, seq, err)
             return
+        self.nbytes = plan.layout.nbytes
         self.send(Done(iteration, seq, layout))
 
     def pickled_layout(self, layout: _layout.Layout) -> bytes:
@@ -314,6 +367,14 @@ class _WorkerLoop:
             except BufferError:
                 pass
         self.segments.clear()
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+        if self.board is not None:
+            try:
+                self.board.close()
+            except BufferError:
+                pass
         self.inbox.close()
         try:
             self.conn.close()

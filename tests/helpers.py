@@ -340,3 +340,37 @@ class FaultyDataset:
 def concat_collate(samples):
     """A user collate for samples of different lengths: one row of all their bytes, and the labels."""
     return np.concatenate([s[0] for s in samples]), np.array([s[1] for s in samples])
+
+
+class SleepyDataset:
+    """Each sample sleeps ``fetch_s`` seconds in __getitem__ (a known fetch time) and is a
+    small array plus its index."""
+
+    def __init__(self, n: int, fetch_s: float = 0.0):
+        self.n, self.fetch_s = n, fetch_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.fetch_s:
+            time.sleep(self.fetch_s)
+        return np.full(16, i, np.float32), i
+
+
+class SleepyCollate:
+    """The default collate after sleeping ``seconds`` (a known collate time)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, samples):
+        from shmload import default_collate
+
+        time.sleep(self.seconds)
+        return default_collate(samples)
+
+
+def small_dataset():
+    """A factory for `shmload profile tests.helpers:small_dataset`."""
+    return SleepyDataset(64, 0.0005)

@@ -22,7 +22,7 @@ def test_public_exports_do_not_drift():
         "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
         "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
-        "get_worker_info"])
+        "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
 

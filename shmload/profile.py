@@ -1,0 +1,259 @@
+"""Profile: the main process's side of the always-on profiler.
+
+Each loader has one :class:`Profile`. It times the consumer (:class:`ConsumerClock`: how
+long each ``next()`` takes, the *stall*, and the time between calls, the consumer's own
+*step*), samples the ring's occupancy, and gathers the workers' counters from their
+boards (``counters.py``): from live sessions when asked, and from each session as it
+closes, so ``loader.stats()`` still answers after an epoch whose workers have exited.
+
+A *window* starts when the loader is created and again at each :meth:`Profile.reset`;
+counters are cumulative, so a window's figures are today's totals minus those at its
+start. :meth:`Profile.snapshot` turns a window into a frozen :class:`~shmload.stats.LoaderStats`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from . import counters
+from .stats import LoaderStats, MainStats, RingStats, WorkerStats
+
+CALLS = 16384  # next() calls of history kept for the trace
+OCCUPANCY = 8192  # ring occupancy samples kept
+OCCUPANCY_INTERVAL = 0.005  # seconds between ring occupancy samples, at most
+INLINE = -1  # the worker id of in-process loading (num_workers=0)
+
+_clock = time.perf_counter
+
+
+class ConsumerClock:
+    """Times every ``next()``: about 0.3 us a call.
+
+    ``step`` is the time from one ``next()`` returning to the next one being called: the
+    consumer's own work. After an epoch ends (StopIteration) the gap to the next epoch's
+    first call is not counted: the consumer was not waiting for this loader's data.
+    """
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.bytes = 0
+        self.stall = 0.0
+        self.step = 0.0
+        self._left: float | None = None
+        self._stepped = False  # whether the time before the current call was a step
+        # entered, left, bytes delivered, whether the time before it was a step (1.0) or
+        # the gap after an epoch ended (0.0)
+        self.calls = np.zeros((CALLS, 4))
+        self.count = 0
+        self.occupancy = np.zeros((OCCUPANCY, 5))  # time, free, filling, ready, held
+        self.occupancy_count = 0
+        self._next_sample = 0.0
+
+    def enter(self) -> float:
+        now = _clock()
+        self._stepped = self._left is not None
+        if self._stepped:
+            self.step += now - self._left
+        return now
+
+    def leave(self, entered: float, nbytes: int) -> None:
+        """``next()`` returned a batch of ``nbytes`` array bytes."""
+        now = _clock()
+        self.stall += now - entered
+        self.batches += 1
+        self.bytes += nbytes
+        self._left = now
+        row = self.calls[self.count % CALLS]
+        row[0], row[1], row[2], row[3] = entered, now, nbytes, self._stepped
+        self.count += 1
+
+    def ended(self, entered: float) -> None:
+        """``next()`` raised (StopIteration, or an error)."""
+        self.stall += _clock() - entered
+        self._left = None
+
+    def sample_ring(self, ring: Any) -> None:
+        now = _clock()
+        if now < self._next_sample:
+            return
+        self._next_sample = now + OCCUPANCY_INTERVAL
+        c = ring.counts()
+        row = self.occupancy[self.occupancy_count % OCCUPANCY]
+        row[:] = (now, c["free"], c["assigned"], c["ready"], c["held"])
+        self.occupancy_count += 1
+
+
+def cpu_seconds(pid: int) -> float | None:
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except (psutil.Error, OSError):
+        return None
+    return t.user + t.system
+
+
+def _memory(pid: int) -> tuple[int | None, int | None, int | None]:
+    import psutil
+
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except (psutil.Error, OSError):
+        return None, None, None
+    return info.rss, getattr(info, "pss", None), info.uss
+
+
+def _recent(rows: np.ndarray, count: int, capacity: int) -> np.ndarray:
+    """The rows of a ring of ``capacity`` holding ``count`` records so far, oldest first."""
+    if count <= capacity:
+        return np.array(rows[:count])
+    start = count % capacity
+    return np.concatenate([rows[start:], rows[:start]])
+
+
+class Profile:
+    def __init__(self) -> None:
+        self.consumer = ConsumerClock()
+        self.inline_board = np.zeros((1, counters.row_words()))  # num_workers=0 loads here
+        self.inline = counters.Recorder(self.inline_board, 0)
+        self._sessions: weakref.WeakSet = weakref.WeakSet()
+        self._retired_totals: dict[int, np.ndarray] = {}  # worker id -> counters of closed sessions
+        self._retired_events: dict[int, list[np.ndarray]] = {}
+        self._retired_cpu: dict[int, float] = {}
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.started = _clock()
+        self._cpu_main = time.process_time()
+        self._base_totals = self._totals()
+        self._base_consumer = (self.consumer.batches, self.consumer.bytes, self.consumer.stall, self.consumer.step)
+        self._base_cpu = {pid: cpu for pid, cpu in self._live_cpu().items()}
+        self._retired_cpu = {}
+
+    def reset(self) -> None:
+        """Start a new window now."""
+        self._reset_state()
+
+    # ------------------------------------------------------------ sessions
+    def attach(self, session: Any) -> None:
+        self._sessions.add(session)
+
+    def retire(self, session: Any, cpu: dict[int, float | None]) -> None:
+        """A session is closing: keep its workers' counters, events and CPU seconds
+        (``cpu``: pid -> seconds, read before the workers stopped)."""
+        if session not in self._sessions:
+            return
+        self._sessions.discard(session)
+        board = session.board
+        tot = counters.totals(board)
+        for wid in range(len(tot)):
+            self._retired_totals[wid] = self._retired_totals.get(wid, 0) + tot[wid]
+            ev, _ = counters.events(board, wid)
+            kept = self._retired_events.setdefault(wid, [])
+            kept.append(ev)
+            while sum(len(e) for e in kept) > 2 * counters.EVENTS:
+                kept.pop(0)
+        for pid, seconds in cpu.items():
+            wid = session.worker_id_of(pid)
+            if seconds is not None and wid is not None:
+                self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
+
+    def _live(self) -> list[Any]:
+        return [s for s in list(self._sessions) if not s.closed]
+
+    def _live_cpu(self) -> dict[int, float]:
+        out = {}
+        for session in self._live():
+            for pid in session.worker_pids():
+                cpu = cpu_seconds(pid)
+                if cpu is not None:
+                    out[pid] = cpu
+        return out
+
+    def _totals(self) -> dict[int, np.ndarray]:
+        """Cumulative counters per worker id (INLINE for in-process loading)."""
+        out: dict[int, np.ndarray] = {wid: np.array(t) for wid, t in self._retired_totals.items()}
+        for session in self._live():
+            tot = counters.totals(session.board)
+            for wid in range(len(tot)):
+                out[wid] = out.get(wid, 0) + tot[wid]
+        inline = counters.totals(self.inline_board)[0]
+        if inline[0]:
+            out[INLINE] = inline
+        return out
+
+    # ------------------------------------------------------------ the snapshot
+    def snapshot(self, num_workers: int, prefetch: int, memory: bool = True) -> LoaderStats:
+        now = _clock()
+        duration = now - self.started
+        totals, base = self._totals(), self._base_totals
+        pids: dict[int, int] = {}
+        ring = None
+        for session in self._live():
+            pids.update(session.worker_pid_map())
+            ring = session.ring
+        live_cpu = self._live_cpu()
+        workers = []
+        for wid in sorted(totals):
+            t = totals[wid] - base.get(wid, 0)
+            if not t[0] and wid not in pids:
+                continue
+            pid = os.getpid() if wid == INLINE else pids.get(wid)
+            cpu = self._retired_cpu.get(wid)
+            if pid is not None and pid in live_cpu and wid != INLINE:
+                cpu = (cpu or 0.0) + live_cpu[pid] - self._base_cpu.get(pid, 0.0)
+            rss = pss = uss = None
+            if memory and pid is not None and wid != INLINE:
+                rss, pss, uss = _memory(pid)
+            f = dict(zip(counters.FIELDS, t))
+            workers.append(WorkerStats(wid, pid, int(f["batches"]), int(f["samples"]), int(f["bytes"]), f["wait"],
+                                       f["fetch"], f["collate"], f["other"], cpu, rss, pss, uss))
+        c, b = self.consumer, self._base_consumer
+        mrss, mpss, muss = _memory(os.getpid()) if memory else (None, None, None)
+        main = MainStats(os.getpid(), c.batches - b[0], c.bytes - b[1], c.stall - b[2], c.step - b[3],
+                         time.process_time() - self._cpu_main, mrss, mpss, muss)
+        ring_stats = self._ring_stats(ring)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        return LoaderStats(duration, num_workers, cores, prefetch, main, tuple(workers), ring_stats,
+                           self._timeline(pids), self.reset)
+
+    def _ring_stats(self, ring: Any) -> RingStats | None:
+        if ring is None:
+            return None
+        occ = self._window(_recent(self.consumer.occupancy, self.consumer.occupancy_count, OCCUPANCY), 0)
+        means = occ[:, 1:].mean(axis=0) if len(occ) else np.zeros(4)
+        return RingStats(ring.num_slots, ring.slot_bytes, len(occ), *map(float, means))
+
+    def _window(self, rows: np.ndarray, time_column: int) -> np.ndarray:
+        return rows[rows[:, time_column] >= self.started] if len(rows) else rows
+
+    def _timeline(self, pids: dict[int, int]) -> dict[str, Any]:
+        """The window's raw events: per worker id, its batches (``counters.EVENT_FIELDS``);
+        the consumer's next() calls (entered, left, bytes, stepped before); ring occupancy samples
+        (time, free, filling, ready, held)."""
+        events: dict[int, list[np.ndarray]] = {wid: list(evs) for wid, evs in self._retired_events.items()}
+        for session in self._live():
+            for wid in range(len(session.board)):
+                events.setdefault(wid, []).append(counters.events(session.board, wid)[0])
+        inline, _ = counters.events(self.inline_board, 0)
+        if len(inline):
+            events[INLINE] = [inline]
+        done = counters.EVENT_FIELDS.index("done")
+        workers = {wid: self._window(np.concatenate(evs), done) for wid, evs in events.items() if evs}
+        c = self.consumer
+        return {
+            "origin": self.started,
+            "workers": {wid: ev for wid, ev in workers.items() if len(ev)},
+            "pids": dict(pids),
+            "main_pid": os.getpid(),
+            "calls": self._window(_recent(c.calls, c.count, CALLS), 0),
+            "occupancy": self._window(_recent(c.occupancy, c.occupancy_count, OCCUPANCY), 0),
+        }

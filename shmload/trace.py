@@ -1,0 +1,84 @@
+"""Trace: a profile's timeline as Chrome trace events, for Perfetto or chrome://tracing.
+
+The file is the JSON object format of the Trace Event Format: ``{"traceEvents": [...]}``.
+Tracks:
+
+* ``main (pid N)``: the consumer's thread, with a ``next()`` slice for each call (the
+  time it waited for data, plus the loader's own work) and a ``step`` slice between
+  calls (its own work), and a ``ring`` counter track: slots free / filling / ready /
+  held by the consumer, sampled at most every 5 ms.
+* ``worker i (pid N)``: one slice per stage of each batch: ``wait for task``, ``fetch``,
+  ``collate``, ``other``. A worker measures each stage's duration exactly, but not where
+  within the batch each piece happened (a streamed batch interleaves fetching and
+  writing sample by sample), so the slices are laid end to end in that order.
+
+Times are microseconds from the start of the profile window. Only the last
+``counters.EVENTS`` batches of each worker and ``profile.CALLS`` calls are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import counters
+
+_E = {name: i for i, name in enumerate(counters.EVENT_FIELDS)}
+_SYNTHETIC_PID = 1 << 22  # for a worker whose pid is unknown (it has exited)
+
+
+def trace_events(stats: Any) -> list[dict[str, Any]]:
+    tl = stats.timeline
+    origin = tl["origin"]
+
+    def us(t: float) -> float:
+        return round((t - origin) * 1e6, 3)
+
+    main = tl["main_pid"]
+    out: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": main, "args": {"name": f"main (pid {main})"}},
+        {"name": "process_sort_index", "ph": "M", "pid": main, "args": {"sort_index": -1}},
+        {"name": "thread_name", "ph": "M", "pid": main, "tid": main, "args": {"name": "consumer"}},
+    ]
+    previous_left = None
+    for entered, left, nbytes, stepped in tl["calls"]:
+        if stepped and previous_left is not None and entered > previous_left:
+            out.append({"name": "step", "cat": "consumer", "ph": "X", "pid": main, "tid": main,
+                        "ts": us(previous_left), "dur": round((entered - previous_left) * 1e6, 3)})
+        out.append({"name": "next()", "cat": "stall", "ph": "X", "pid": main, "tid": main, "ts": us(entered),
+                    "dur": round((left - entered) * 1e6, 3), "args": {"bytes": int(nbytes)}})
+        previous_left = left
+    for t, free, filling, ready, held in tl["occupancy"]:
+        out.append({"name": "ring", "ph": "C", "pid": main, "ts": us(t),
+                    "args": {"free": int(free), "filling": int(filling), "ready": int(ready), "held": int(held)}})
+    for wid, events in sorted(tl["workers"].items()):
+        if wid < 0:  # num_workers=0: the main process loads in-line
+            pid, tid, name = main, main + 1, "in-process loading"
+            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        else:
+            known = tl["pids"].get(wid)
+            pid = known if known is not None else _SYNTHETIC_PID + wid
+            tid = pid
+            label = f"worker {wid}" + (f" (pid {known})" if known is not None else "")
+            out.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
+            out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": wid}})
+            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": "batches"}})
+        for ev in events:
+            seq = int(ev[_E["seq"]])
+            start = ev[_E["started"]]
+            pieces = [("wait for task", ev[_E["waited_from"]], start - ev[_E["waited_from"]]),
+                      ("fetch", start, ev[_E["fetch"]]),
+                      ("collate", start + ev[_E["fetch"]], ev[_E["collate"]])]
+            after = start + ev[_E["fetch"]] + ev[_E["collate"]]
+            pieces.append(("other", after, ev[_E["done"]] - after))
+            for name, begin, duration in pieces:
+                if duration > 0:
+                    out.append({"name": name, "cat": "worker", "ph": "X", "pid": pid, "tid": tid, "ts": us(begin),
+                                "dur": round(duration * 1e6, 3), "args": {"batch": seq}})
+    return out
+
+
+def write_trace(stats: Any, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({"traceEvents": trace_events(stats), "displayTimeUnit": "ms",
+                   "otherData": {"producer": "shmload", "batches": stats.main.batches}}, f)

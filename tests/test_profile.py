@@ -1,0 +1,265 @@
+"""The profiler: counters, stats, diagnosis, trace, plot and the `shmload profile` command.
+
+Stage times are made known with sleeps (a sleeping worker's stage lasts at least the
+sleep, and on a busy machine somewhat longer), so the attribution is checked within a
+stated tolerance: at least 90% of the slept time, at most 150% plus 5 ms a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import shmload
+from shmload import counters
+from shmload.errors import OptionalDependencyError
+from shmload.profile import ConsumerClock
+from shmload.stats import LoaderStats, MainStats, WorkerStats, diagnose
+
+from .helpers import SleepyCollate, SleepyDataset
+
+
+def within(measured: float, expected: float) -> bool:
+    return 0.9 * expected <= measured <= 1.5 * expected + 0.005
+
+
+# ---------------------------------------------------------------- pure parts
+def test_recorder_adds_batches_and_keeps_the_last_events_in_order():
+    board = np.zeros((2, counters.row_words(4)))
+    rec = counters.Recorder(board, 1, events=4)
+    for seq in range(10):
+        t = 100.0 + seq
+        rec.batch(seq, t, t + 0.1, 0.2, 0.3, t + 0.7, samples=8, nbytes=64)
+    tot = dict(zip(counters.FIELDS, counters.totals(board)[1]))
+    assert tot["batches"] == 10 and tot["samples"] == 80 and tot["bytes"] == 640 and tot["events"] == 10
+    assert tot["wait"] == pytest.approx(1.0) and tot["fetch"] == pytest.approx(2.0)
+    assert tot["collate"] == pytest.approx(3.0) and tot["other"] == pytest.approx(1.0)  # 0.7 - 0.1 - 0.2 - 0.3
+    events, count = counters.events(board, 1, events=4)
+    assert count == 10 and events[:, 0].tolist() == [6, 7, 8, 9]  # the last 4, oldest first
+    newer, _ = counters.events(board, 1, since=8, events=4)
+    assert newer[:, 0].tolist() == [8, 9]
+    assert counters.totals(board)[0].tolist() == [0] * len(counters.FIELDS)  # row 0 untouched
+    rec.close()
+
+
+def test_consumer_clock_counts_steps_between_calls_but_not_across_epochs():
+    clock = ConsumerClock()
+    t = clock.enter()
+    clock.leave(t, 10)
+    time.sleep(0.02)  # the consumer's step
+    t = clock.enter()
+    clock.ended(t)  # StopIteration
+    time.sleep(0.05)  # between epochs: not a step
+    t = clock.enter()
+    clock.leave(t, 10)
+    assert clock.batches == 2 and clock.bytes == 20
+    assert 0.02 <= clock.step < 0.045
+    # neither delivered call followed a step: the first had nothing before it, the other
+    # followed an epoch's end
+    assert clock.calls[:2, 3].tolist() == [0.0, 0.0]
+
+
+def _stats(num_workers=2, cores=2, stall=0.0, step=1.0, batches=100, fetch=0.5, collate=0.1, other=0.05,
+           wait=0.0, prefetch=2) -> LoaderStats:
+    per = max(1, num_workers)
+    workers = tuple(WorkerStats(i if num_workers else -1, 1000 + i, batches // per, batches // per * 4, 0, wait / per,
+                                fetch / per, collate / per, other / per) for i in range(per))
+    main = MainStats(1, batches, 0, stall, step)
+    return LoaderStats(stall + step, num_workers, cores, prefetch, main, workers, None)
+
+
+def test_data_bound_with_busy_workers_and_spare_cores_recommends_more_workers():
+    # a batch costs a worker 6.5 ms and the consumer 1 ms: about 7 workers keep up
+    text = diagnose(_stats(num_workers=2, cores=8, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05))
+    assert "DATA-BOUND" in text and "num_workers=7" in text
+    assert re_search(r"busy time in fetch", text)
+
+
+def test_data_bound_on_every_core_names_the_stage_to_speed_up():
+    text = diagnose(_stats(num_workers=2, cores=2, stall=3.0, step=0.1, fetch=0.1, collate=0.5, other=0.05))
+    assert "DATA-BOUND" in text and "speed up collate and the copy into the slot" in text
+    assert "2 workers already use the 2 usable cores" in text
+
+
+def test_data_bound_with_idle_workers_recommends_a_deeper_queue():
+    text = diagnose(_stats(num_workers=2, cores=8, stall=3.0, step=0.1, fetch=0.05, collate=0.01, wait=2.0))
+    assert "DATA-BOUND" in text and "prefetch_factor=4 (now 2" in text
+
+
+def test_consumer_bound_recommends_fewer_workers_when_fewer_keep_up():
+    # a batch costs a worker 0.65 ms and the consumer 20 ms: one worker keeps up
+    text = diagnose(_stats(num_workers=4, cores=8, stall=0.01, step=2.0, fetch=0.05, collate=0.01, other=0.005,
+                           wait=5.0))
+    assert "CONSUMER-BOUND" in text and "num_workers=1 would keep up and free 3 core(s)" in text
+
+
+def test_loading_in_process_is_told_to_use_workers():
+    text = diagnose(_stats(num_workers=0, cores=4, stall=2.0, step=1.0, fetch=1.5, collate=0.3, other=0.2))
+    assert "DATA-BOUND" in text and "load in worker processes: num_workers=2" in text
+
+
+def test_an_empty_window_says_so():
+    assert "no batch delivered" in diagnose(_stats(batches=0, stall=0.0, step=0.0))
+
+
+def re_search(pattern, text):
+    import re
+
+    return re.search(pattern, text) is not None
+
+
+# ---------------------------------------------------------------- with processes
+@pytest.mark.timeout(60)
+def test_stage_times_are_attributed_to_fetch_and_collate():
+    # 4 samples x 4 ms in __getitem__ = 16 ms of fetch a batch; 8 ms in collate_fn
+    loader = shmload.DataLoader(SleepyDataset(48, 0.004), batch_size=4, num_workers=2,
+                                collate_fn=SleepyCollate(0.008), timeout=30)
+    batches = sum(1 for _ in loader)
+    s = loader.stats()
+    assert batches == 12 and s.main.batches == 12
+    assert sum(w.batches for w in s.workers) == 12 and len(s.workers) == 2
+    done = sum(w.batches for w in s.workers)
+    fetch, collate = s.stage_seconds()["fetch"] / done, s.stage_seconds()["collate"] / done
+    assert within(fetch, 0.016), fetch
+    assert within(collate, 0.008), collate
+    assert s.data_bound and "DATA-BOUND" in str(s) and "busy time in fetch" in str(s)
+    assert sum(w.samples for w in s.workers) == 48
+
+
+@pytest.mark.timeout(60)
+def test_in_process_loading_is_profiled_too():
+    loader = shmload.DataLoader(SleepyDataset(24, 0.004), batch_size=4, num_workers=0)
+    for _ in loader:
+        pass
+    s = loader.stats()
+    (inline,) = s.workers
+    assert inline.id == -1 and inline.batches == 6 and inline.wait == 0.0
+    assert within(inline.fetch / 6, 0.016)
+    assert "in-process" in s.table() and "load in worker processes" in s.diagnosis()
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_consumer_is_consumer_bound():
+    # prefetch_factor=2: the workers load as the consumer goes, not all 24 batches up front
+    with shmload.DataLoader(SleepyDataset(96), batch_size=4, num_workers=2, persistent_workers=True,
+                            prefetch_factor=2, timeout=30) as loader:
+        it = iter(loader)
+        for _ in range(4):  # the workers are up and the ring is sized: the window starts now
+            next(it)
+        loader.reset_stats()
+        for _ in it:
+            time.sleep(0.02)  # the training step
+        s = loader.stats()
+    assert s.main.batches == 20
+    assert s.main.step >= 20 * 0.02 * 0.9
+    assert not s.data_bound and "CONSUMER-BOUND" in str(s), str(s)
+    assert all(w.utilization < 0.5 for w in s.workers), str(s)  # they mostly wait for tasks
+
+
+@pytest.mark.timeout(60)
+def test_stats_work_during_and_after_an_epoch_and_reset_starts_a_new_window():
+    loader = shmload.DataLoader(SleepyDataset(40, 0.001), batch_size=4, num_workers=2, timeout=30)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    during = loader.stats()
+    assert during.main.batches == 5 and len(during.workers) == 2
+    assert all(w.pid is not None and w.rss and w.pss and w.uss for w in during.workers)
+    for _ in it:
+        pass
+    after = loader.stats()  # the workers have exited: their counters were kept
+    assert after.main.batches == 10 and sum(w.batches for w in after.workers) == 10
+    after.reset()
+    fresh = loader.stats()
+    assert fresh.main.batches == 0 and sum(w.batches for w in fresh.workers) == 0
+    assert "no batch delivered" in fresh.diagnosis()
+    for _ in loader:  # a second epoch, new workers: counted in the new window only
+        pass
+    assert loader.stats().main.batches == 10 and sum(w.batches for w in loader.stats().workers) == 10
+
+
+@pytest.mark.timeout(60)
+def test_ring_occupancy_and_memory_are_reported():
+    with shmload.DataLoader(SleepyDataset(64, 0.001), batch_size=4, num_workers=2, persistent_workers=True,
+                            timeout=30) as loader:
+        for _ in loader:
+            time.sleep(0.006)
+        s = loader.stats()
+    assert s.ring is not None and s.ring.samples > 0 and s.ring.slots >= 2
+    occupancy = s.ring.free + s.ring.filling + s.ring.ready + s.ring.held
+    assert occupancy == pytest.approx(s.ring.slots, abs=0.01)
+    assert s.ring.held <= 1.0  # only the batch the loop body holds
+    assert "total PSS (shared memory counted once)" in str(s) and "ring:" in str(s)
+
+
+@pytest.mark.timeout(60)
+def test_the_trace_is_chrome_trace_json_with_a_track_per_worker(tmp_path):
+    path = tmp_path / "trace.json"
+    with shmload.DataLoader(SleepyDataset(32, 0.001), batch_size=4, num_workers=2, persistent_workers=True,
+                            timeout=30) as loader:
+        for _ in loader:
+            time.sleep(0.006)
+        loader.stats().trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert any(n.startswith("main (pid") for n in names)
+    assert sum(n.startswith("worker ") for n in names) == 2
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in slices} >= {"next()", "step", "fetch", "collate", "wait for task"}
+    assert sum(e["name"] == "next()" for e in slices) == 8
+    assert all(e["dur"] >= 0 and isinstance(e["ts"], float) for e in slices)
+    worker_batches = sorted(e["args"]["batch"] for e in slices if e["name"] == "fetch")
+    assert worker_batches == list(range(8))
+    assert any(e["ph"] == "C" and e["name"] == "ring" and set(e["args"]) == {"free", "filling", "ready", "held"}
+               for e in events)
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    s = _stats()
+    with pytest.raises(OptionalDependencyError, match=r"pip install 'shmload\[plot\]'"):
+        s.plot("never-written.png")
+
+
+@pytest.mark.timeout(60)
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    loader = shmload.DataLoader(SleepyDataset(32, 0.001), batch_size=4, num_workers=2, timeout=30)
+    for _ in loader:
+        pass
+    path = tmp_path / "profile.png"
+    loader.stats().plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- the command
+def run_cli(*args, timeout=90):
+    return subprocess.run([sys.executable, "-m", "shmload", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.timeout(120)
+def test_profile_command_compares_worker_counts_and_recommends_one(tmp_path):
+    trace = tmp_path / "t.json"
+    out = run_cli("profile", "tests.helpers:small_dataset", "--workers", "0,1,2", "--batches", "12",
+                  "--batch-size", "4", "--quiet", "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows[:3]] == ["0", "1", "2"]
+    assert re_search(r"recommended: num_workers=[012]: the fewest workers within 5% of the best", out.stdout)
+    assert "diagnosis:" in out.stdout
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+@pytest.mark.timeout(60)
+def test_profile_command_explains_a_bad_factory():
+    out = run_cli("profile", "tests.helpers:no_such_thing", "--workers", "1", "--batches", "2", "--quiet")
+    assert out.returncode != 0 and "module 'tests.helpers' has no attribute 'no_such_thing'" in out.stderr
+    out = run_cli("profile", "tests.helpers", "--quiet")
+    assert out.returncode != 0 and "expected MODULE:FACTORY" in out.stderr
