@@ -8,9 +8,10 @@ asks (``loader.stats()``, a trace) and when a session closes.
 
 One writer per row: worker ``i`` writes row ``i`` only, and a replacement worker (see
 ``max_worker_restarts``) continues the row of the one it replaces. The main process reads
-without a lock. Each word is an aligned 8-byte store, which x86-64 and AArch64 never
-tear, so a read sees every counter either before or after a batch's update; counters of
-one row may be one batch apart from each other, which a profile does not notice.
+without a lock. Each word is an aligned 8-byte store (``pack_into`` copies whole
+doubles), which x86-64 and AArch64 never tear, so a read sees every counter either before
+or after a batch's update; counters of one row may be one batch apart from each other,
+which a profile does not notice.
 
 Row layout (float64 words)::
 
@@ -26,6 +27,8 @@ workers' events on its own timeline.
 """
 
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 
@@ -53,31 +56,41 @@ def board(buffer, rows: int, events: int = EVENTS) -> np.ndarray:
 
 
 class Recorder:
-    """Worker side: adds one batch at a time into row ``row`` of a board."""
+    """Worker side: adds one batch at a time into row ``row`` of a board.
+
+    The running totals are kept in Python and stored whole after each batch, with one
+    ``struct.pack_into`` for the event and one for the totals (about 0.5 us a batch, a
+    third of item-by-item stores). They start from what the row holds, so a replacement
+    worker carries on the counts of the one it replaces."""
+
+    _EVENT = struct.Struct(f"{len(EVENT_FIELDS)}d")
+    _TOTALS = struct.Struct(f"{len(FIELDS)}d")
 
     def __init__(self, board_array: np.ndarray, row: int, events: int = EVENTS):
         self._row = board_array[row]
-        # A memoryview takes single-item stores at about a third of numpy's cost.
-        self._words = memoryview(self._row).cast("B").cast("d")
+        self._buffer = memoryview(self._row).cast("B")
+        self._totals = [float(v) for v in self._row[:len(FIELDS)]]
         self._events = events
 
     def batch(self, seq: int, waited_from: float, started: float, fetch: float, collate: float, done: float,
               samples: int, nbytes: int) -> None:
-        w = self._words
-        w[0] += 1.0
-        w[1] += samples
-        w[2] += nbytes
-        w[3] += started - waited_from
-        w[4] += fetch
-        w[5] += collate
-        w[6] += max(0.0, done - started - fetch - collate)
-        k = int(w[7])
-        base = len(FIELDS) + (k % self._events) * len(EVENT_FIELDS)
-        self._row[base:base + len(EVENT_FIELDS)] = (seq, waited_from, started, fetch, collate, done, samples, nbytes)
-        w[7] = k + 1  # last: a reader never sees an event counted before it is written
+        t = self._totals
+        t[0] += 1.0
+        t[1] += samples
+        t[2] += nbytes
+        t[3] += started - waited_from
+        t[4] += fetch
+        t[5] += collate
+        t[6] += max(0.0, done - started - fetch - collate)
+        k = int(t[7])
+        self._EVENT.pack_into(self._buffer, 8 * (len(FIELDS) + (k % self._events) * len(EVENT_FIELDS)),
+                              seq, waited_from, started, fetch, collate, done, samples, nbytes)
+        t[7] = k + 1.0
+        # after the event: a reader never sees an event counted before it is written
+        self._TOTALS.pack_into(self._buffer, 0, *t)
 
     def close(self) -> None:
-        self._words.release()
+        self._buffer.release()
         self._row = None  # the last reference into the board: its mapping can now be closed
 
 
