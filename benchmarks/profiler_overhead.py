@@ -4,9 +4,9 @@ the same run, alternating.
     python -m benchmarks.profiler_overhead [--runs 7] [--epochs 3]
 
 "off" replaces the recording calls (``counters.Recorder.batch`` in the workers, which
-fork and inherit the patch, and ``ConsumerClock.enter/leave/sample_ring`` in the main
-process) with no-ops; everything else is identical. Runs alternate on/off so drift of a
-shared machine hits both alike; the figure is the ratio of the medians. ``tiny`` (batches
+fork and inherit the patch, and ``ConsumerClock.enter/leave/ring_sample_due`` in the main
+process) with no-ops; everything else is identical. Runs alternate on/off, in ABBA order,
+so drift of a shared machine hits both alike; the figure is the ratio of the medians. ``tiny`` (batches
 of 256 small rows, ~250 us of work a batch) is where a fixed per-batch cost shows most.
 """
 
@@ -26,15 +26,15 @@ from .workloads import CachedImages, TinyRows
 
 @contextmanager
 def recording_off():
-    saved = (counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.sample_ring)
+    saved = (counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.ring_sample_due)
     counters.Recorder.batch = lambda self, *args: None
     ConsumerClock.enter = lambda self: 0.0
     ConsumerClock.leave = lambda self, entered, nbytes: None
-    ConsumerClock.sample_ring = lambda self, ring: None
+    ConsumerClock.ring_sample_due = lambda self: False
     try:
         yield
     finally:
-        counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.sample_ring = saved
+        counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.ring_sample_due = saved
 
 
 def batches_per_second(dataset, batch_size: int, epochs: int) -> float:
@@ -60,10 +60,13 @@ def main() -> None:
     print(f"{'workload':<10}{'profiler on':>14}{'off':>12}{'on / off':>10}   batches/s, median of {args.runs} runs")
     for name, (dataset, batch_size) in workloads.items():
         on, off = [], []
-        for _ in range(args.runs):
-            on.append(batches_per_second(dataset, batch_size, args.epochs))
-            with recording_off():
-                off.append(batches_per_second(dataset, batch_size, args.epochs))
+        for run in range(args.runs):
+            for mode in (("on", "off") if run % 2 == 0 else ("off", "on")):  # ABBA: no order bias
+                if mode == "on":
+                    on.append(batches_per_second(dataset, batch_size, args.epochs))
+                else:
+                    with recording_off():
+                        off.append(batches_per_second(dataset, batch_size, args.epochs))
         m_on, m_off = statistics.median(on), statistics.median(off)
         print(f"{name:<10}{m_on:>14.1f}{m_off:>12.1f}{m_on / m_off:>10.3f}   "
               f"(on {min(on):.0f}..{max(on):.0f}, off {min(off):.0f}..{max(off):.0f})")

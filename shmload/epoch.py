@@ -178,8 +178,9 @@ class MultiprocessEpoch(_Epoch):
         if type(result) is LoadFailed:
             raise result.error
         self._nbytes = result.layout.nbytes
-        self._session.collect_releases()  # so the sample counts batches the consumer let go as free
-        self._profile.consumer.sample_ring(self._session.ring)
+        if self._profile.consumer.ring_sample_due():
+            self._session.collect_releases()  # so batches the consumer let go count as free
+            self._profile.consumer.sample_ring(self._session.ring)
         return self._session.deliver(result)
 
     def _timed_out(self) -> LoaderTimeoutError:

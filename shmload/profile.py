@@ -82,10 +82,11 @@ class ConsumerClock:
         self.stall += _clock() - entered
         self._left = None
 
+    def ring_sample_due(self) -> bool:
+        return _clock() >= self._next_sample
+
     def sample_ring(self, ring: Any) -> None:
         now = _clock()
-        if now < self._next_sample:
-            return
         self._next_sample = now + OCCUPANCY_INTERVAL
         c = ring.counts()
         row = self.occupancy[self.occupancy_count % OCCUPANCY]

@@ -192,7 +192,7 @@ def format_table(s: LoaderStats) -> str:
     m = s.main
     lines = [
         f"shmload profile: {m.batches} batches in {s.duration:.2f} s ({s.batches_per_second:.1f} batches/s, "
-        f"{format_bytes(s.bytes_per_second)}/s), {s.num_workers} workers, {s.cores} usable cores",
+        f"{format_bytes(s.bytes_per_second)}/s), num_workers={s.num_workers}, {s.cores} usable cores",
         f"consumer: waiting in next() {m.stall:.2f} s ({100 * m.stall_fraction:.1f}% of its time: the data stall), "
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),

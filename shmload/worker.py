@@ -131,6 +131,7 @@ class _WorkerLoop:
         self.recorder: counters.Recorder | None = None
         self.fetch_s = self.collate_s = 0.0
         self.nbytes = 0
+        self.recording: tuple[Task, float, float] | None = None  # the batch being loaded, see record()
         self.inbox = Inbox(self.conn.fileno())
         # One poll object for the worker's life: Connection.poll() builds a selector per
         # call, ~10 us a batch.
@@ -216,17 +217,27 @@ class _WorkerLoop:
 
     # ------------------------------------------------------------ the data path
     def load_recorded(self, task: Task, waited_from: float) -> None:
-        """Load ``task`` and add its times to this worker's counters (about 1 us)."""
-        started = _clock()
+        """Load ``task`` and add its times to this worker's counters (about 2 us)."""
         self.fetch_s = self.collate_s = 0.0
         self.nbytes = 0
+        self.recording: tuple[Task, float, float] | None = None  # the batch being loaded, see record()
+        self.recording = (task, waited_from, _clock())
         try:
             self.load(task)
         finally:
-            if self.recorder is not None:
-                samples = len(task.indices) if self.args.auto_batch else 1
-                self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), samples,
-                                    self.nbytes)
+            self.record()  # if no result was sent (an abandoned epoch's batch)
+
+    def record(self) -> None:
+        """Add the batch being loaded to the counters. Called just before its result is
+        sent, so the counters already hold a batch when the main process sees it, and
+        nothing is lost when the worker is stopped right after its last result."""
+        if self.recording is None or self.recorder is None:
+            return
+        task, waited_from, started = self.recording
+        self.recording = None
+        samples = len(task.indices) if self.args.auto_batch else 1
+        self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), samples,
+                            self.nbytes)
 
     def load(self, task: Task) -> None:
         a, user = self.args, self.user
@@ -343,6 +354,7 @@ class _WorkerLoop:
                 self.fail(iteration, seq, err)
             return
         self.nbytes = plan.layout.nbytes
+        self.record()
         self.send(Done(iteration, seq, layout))
 
     def pickled_layout(self, layout: _layout.Layout) -> bytes:
@@ -358,7 +370,9 @@ class _WorkerLoop:
         return data
 
     def fail(self, iteration: int, seq: int, exc: BaseException) -> None:
-        self.send(Failed(iteration, seq, RemoteError.capture(exc, traceback.format_exc())))
+        error = RemoteError.capture(exc, traceback.format_exc())
+        self.record()
+        self.send(Failed(iteration, seq, error))
 
     def close(self) -> None:
         for seg in self.segments.values():
