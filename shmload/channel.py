@@ -9,9 +9,9 @@ writable again, which :meth:`Supervisor.poll` waits for alongside incoming data.
 whatever has arrived into a buffer and cuts it into frames.
 
 The framing is ``multiprocessing.connection.Connection``'s (a 4-byte big-endian length,
-then the pickle), so the worker keeps using a plain blocking ``Connection``; a file
-descriptor follows its :class:`Attach` message as one byte with ``SCM_RIGHTS``, as
-``multiprocessing.reduction.recv_handle`` expects.
+then the pickle), so the worker sends with a plain blocking ``Connection``; a file
+descriptor follows its :class:`Attach` message as one byte with ``SCM_RIGHTS``. Both
+ends cut frames from their buffers with :func:`_frame`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,21 @@ from typing import Any
 _HEADER = struct.Struct("!i")
 _HUGE = struct.Struct("!Q")
 _READ_SIZE = 1 << 20
+
+
+def _frame(buf: bytearray) -> tuple[int, int] | None:
+    """Where the first complete frame's pickle lies in ``buf`` (start, end), or None if it
+    has not fully arrived."""
+    if len(buf) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack_from(buf)
+    start = _HEADER.size
+    if size == -1:  # Connection's header for frames of 2 GiB or more
+        if len(buf) < _HEADER.size + _HUGE.size:
+            return None
+        (size,) = _HUGE.unpack_from(buf, _HEADER.size)
+        start += _HUGE.size
+    return (start, start + size) if len(buf) >= start + size else None
 
 
 class Channel:
@@ -107,18 +122,10 @@ class Channel:
             if len(chunk) < _READ_SIZE:
                 break  # drained, most likely; the selector is level-triggered, so more is never lost
         frames = []
-        while len(self._in) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._in)
-            start = _HEADER.size
-            if size == -1:  # Connection's header for frames of 2 GiB or more
-                if len(self._in) < _HEADER.size + _HUGE.size:
-                    break
-                (size,) = _HUGE.unpack_from(self._in, _HEADER.size)
-                start += _HUGE.size
-            if len(self._in) < start + size:
-                break
-            frames.append(bytes(self._in[start:start + size]))
-            del self._in[:start + size]
+        while (bounds := _frame(self._in)) is not None:
+            start, end = bounds
+            frames.append(bytes(self._in[start:end]))
+            del self._in[:end]
         return frames
 
     def close(self) -> None:
@@ -168,15 +175,12 @@ class Inbox:
 
     def next_message(self) -> Any:
         """The next complete message, or None if it has not fully arrived."""
-        buf = self._buf
-        if len(buf) < _HEADER.size:
+        bounds = _frame(self._buf)
+        if bounds is None:
             return None
-        (size,) = _HEADER.unpack_from(buf)
-        end = _HEADER.size + size
-        if len(buf) < end:
-            return None
-        msg = pickle.loads(buf[_HEADER.size:end])  # a copy: a view would pin the buffer's size
-        del buf[:end]
+        start, end = bounds
+        msg = pickle.loads(self._buf[start:end])  # a copy: a view would pin the buffer's size
+        del self._buf[:end]
         return msg
 
     def take_fd(self) -> int | None:

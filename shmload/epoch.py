@@ -71,28 +71,30 @@ class SingleProcessEpoch(_Epoch):
         indices = next(self._batches)
         seq, self._seq = self._seq, self._seq + 1
         cfg = self._cfg
+        # The profile's in-process "worker": no wait for a task; as in a worker, a stage
+        # counts once it completes, and the rest (seeding, a failed stage) is "other".
         started = _clock()
-        fetched = collated = started
+        fetch_s = collate_s = 0.0
+        self._nbytes = 0
         try:
             with seeding.preserved_globals():
                 seeding.seed_globals(cfg.seed, self._epoch, seq)
                 try:
-                    fetched = _clock()
+                    t0 = _clock()
                     samples = fetch(cfg.dataset, indices, cfg.auto_batch)
-                    collated = _clock()
+                    t1 = _clock()
+                    fetch_s = t1 - t0
                     plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
                                        f"(dataset indices {format_indices(indices)})") from exc
             batch = _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
+            collate_s = _clock() - t1
             self._nbytes = plan.layout.nbytes
             return batch
-        finally:  # the in-process "worker" of the profile: no wait for a task, and no other stage
-            now = _clock()
-            fetch_s = collated - fetched
-            collate_s = now - collated if collated > started else 0.0
+        finally:
             samples_n = len(indices) if cfg.auto_batch else 1
-            self._profile.inline.batch(seq, started, started, fetch_s, collate_s, now, samples_n, self._nbytes)
+            self._profile.inline.batch(seq, started, started, fetch_s, collate_s, _clock(), samples_n, self._nbytes)
 
 
 class MultiprocessEpoch(_Epoch):

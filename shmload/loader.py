@@ -254,13 +254,8 @@ class DataLoader:
 
         Works during and after an epoch. ``memory=False`` skips reading each process's
         memory map (PSS/USS), which takes a few milliseconds per process."""
-        sessions = self._sessions
-        live = sessions.persistent if sessions.persistent is not None and not sessions.persistent.closed else None
-        if live is None:
-            live = next((s for s in list(sessions.live) if not s.closed), None)
-        num_workers = live.cfg.num_workers if live is not None else self.num_workers
-        depth = live.dispatcher.per_worker if live is not None else (self.prefetch_factor or DEFAULT_PREFETCH)
-        return sessions.profile.snapshot(num_workers, depth, memory=memory)
+        return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
+                                               memory=memory)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""

@@ -130,28 +130,24 @@ class Profile:
         self._sessions: weakref.WeakSet = weakref.WeakSet()
         self._retired_totals: dict[int, np.ndarray] = {}  # worker id -> counters of closed sessions
         self._retired_events: dict[int, list[np.ndarray]] = {}
-        self._retired_cpu: dict[int, float] = {}
-        self._reset_state()
+        self.reset()
 
-    def _reset_state(self) -> None:
+    def reset(self) -> None:
+        """Start a new window now."""
         self.started = _clock()
         self._cpu_main = time.process_time()
         self._base_totals = self._totals()
         self._base_consumer = (self.consumer.batches, self.consumer.bytes, self.consumer.stall, self.consumer.step)
         self._base_cpu = {pid: cpu for pid, cpu in self._live_cpu().items()}
-        self._retired_cpu = {}
-
-    def reset(self) -> None:
-        """Start a new window now."""
-        self._reset_state()
+        self._retired_cpu: dict[int, float] = {}  # worker id -> CPU seconds of closed sessions, this window
 
     # ------------------------------------------------------------ sessions
     def attach(self, session: Any) -> None:
         self._sessions.add(session)
 
-    def retire(self, session: Any, cpu: dict[int, float | None]) -> None:
+    def retire(self, session: Any, cpu: dict[int, tuple[int, float | None]]) -> None:
         """A session is closing: keep its workers' counters, events and CPU seconds
-        (``cpu``: pid -> seconds, read before the workers stopped)."""
+        (``cpu``: worker id -> (pid, seconds), read before the workers stopped)."""
         if session not in self._sessions:
             return
         self._sessions.discard(session)
@@ -164,9 +160,8 @@ class Profile:
             kept.append(ev)
             while sum(len(e) for e in kept) > 2 * counters.EVENTS:
                 kept.pop(0)
-        for pid, seconds in cpu.items():
-            wid = session.worker_id_of(pid)
-            if seconds is not None and wid is not None:
+        for wid, (pid, seconds) in cpu.items():
+            if seconds is not None:
                 self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
 
     def _live(self) -> list[Any]:
@@ -175,7 +170,7 @@ class Profile:
     def _live_cpu(self) -> dict[int, float]:
         out = {}
         for session in self._live():
-            for pid in session.worker_pids():
+            for pid in session.worker_pids().values():
                 cpu = cpu_seconds(pid)
                 if cpu is not None:
                     out[pid] = cpu
@@ -195,14 +190,17 @@ class Profile:
 
     # ------------------------------------------------------------ the snapshot
     def snapshot(self, num_workers: int, prefetch: int, memory: bool = True) -> LoaderStats:
+        """The window so far. ``num_workers`` and ``prefetch`` are the loader's settings,
+        used when no session is live (a live one reports its own)."""
         now = _clock()
         duration = now - self.started
         totals, base = self._totals(), self._base_totals
         pids: dict[int, int] = {}
         ring = None
         for session in self._live():
-            pids.update(session.worker_pid_map())
+            pids.update(session.worker_pids())
             ring = session.ring
+            num_workers, prefetch = session.cfg.num_workers, session.dispatcher.per_worker
         live_cpu = self._live_cpu()
         workers = []
         for wid in sorted(totals):

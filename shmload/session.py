@@ -37,10 +37,10 @@ from .layout import ObjectValue
 from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
                      format_bytes, format_indices)
 from .messages import Attach, AttachBoard, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
+from .profile import cpu_seconds
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
 from .supervisor import Supervisor, owned_here
-from .profile import cpu_seconds
 from .worker import UserCode
 
 
@@ -125,15 +125,9 @@ class Session:
         self.board = None
         self._board_segment.close()
 
-    # The profiler's questions about this session's workers.
-    def worker_pids(self) -> list[int]:
-        return [h.pid for h in self.supervisor.workers if not h.exited]
-
-    def worker_pid_map(self) -> dict[int, int]:
+    def worker_pids(self) -> dict[int, int]:
+        """Worker id -> pid of the live workers (for the profiler)."""
         return {h.id: h.pid for h in self.supervisor.workers if not h.exited}
-
-    def worker_id_of(self, pid: int) -> int | None:
-        return next((h.id for h in self.supervisor.workers if h.pid == pid), None)
 
     # ------------------------------------------------------------ depth
     def _min_slots(self, slot_bytes: int) -> int:
@@ -468,7 +462,8 @@ class Session:
         if self.closed or not owned_here(self.owner_pid):
             return
         self.closed = True
-        cpu = {pid: cpu_seconds(pid) for pid in self.worker_pids()} if self.profile is not None else {}
+        cpu = ({wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
+               if self.profile is not None else {})
         try:
             self.supervisor.shutdown()
         finally:

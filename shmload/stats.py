@@ -139,9 +139,7 @@ class LoaderStats:
     def workers_needed(self) -> int | None:
         """Workers that keep up with the consumer: ceil(worker cost / step cost)."""
         worker, step = self.worker_cost(), self.step_cost()
-        if worker is None or step is None:
-            return None
-        if step <= 0:
+        if worker is None or not step:
             return None
         return max(1, math.ceil(worker / step))
 

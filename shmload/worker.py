@@ -157,18 +157,16 @@ class _WorkerLoop:
     def recv(self) -> Any:
         """The next message: from what was read already if it holds one (no system call),
         else after waiting for more."""
-        while True:
-            msg = self.inbox.next_message()
-            if msg is not None:
-                return msg
-            self.wait_readable()
+        return self.next_from(self.inbox.next_message)
 
     def recv_fd(self) -> int:
-        while True:
-            fd = self.inbox.take_fd()
-            if fd is not None:
-                return fd
+        return self.next_from(self.inbox.take_fd)
+
+    def next_from(self, take: Callable[[], Any]) -> Any:
+        """``take()``'s first result that is not None, reading the socket until then."""
+        while (item := take()) is None:
             self.wait_readable()
+        return item
 
     def wait_readable(self) -> None:
         while not self.poller.poll(WATCHDOG_INTERVAL * 1000):
@@ -220,7 +218,6 @@ class _WorkerLoop:
         """Load ``task`` and add its times to this worker's counters (about 2 us)."""
         self.fetch_s = self.collate_s = 0.0
         self.nbytes = 0
-        self.recording: tuple[Task, float, float] | None = None  # the batch being loaded, see record()
         self.recording = (task, waited_from, _clock())
         try:
             self.load(task)
