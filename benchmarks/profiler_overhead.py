@@ -1,13 +1,22 @@
-"""What the always-on profiler costs: the same loader with its recording stubbed out, in
-the same run, alternating.
+"""What the always-on profiler costs, measured two ways.
 
     python -m benchmarks.profiler_overhead [--runs 7] [--epochs 3]
 
-"off" replaces the recording calls (``counters.Recorder.batch`` in the workers, which
-fork and inherit the patch, and ``ConsumerClock.enter/leave/ring_sample_due`` in the main
-process) with no-ops; everything else is identical. Runs alternate on/off, in ABBA order,
-so drift of a shared machine hits both alike; the figure is the ratio of the medians. ``tiny`` (batches
-of 256 small rows, ~250 us of work a batch) is where a fixed per-batch cost shows most.
+1. Direct: the code the profiler adds to a batch, timed in-process (``timeit``, best of
+   several repeats): a worker's clock readings and its ``Recorder.batch`` call, and the
+   main process's clock readings and ``ConsumerClock.leave``; divided by the CPU time a
+   batch costs the whole loader (workers and main process, from ``loader.stats()`` of a
+   real run). On a machine whose cores are all busy, as here, throughput falls by that
+   fraction.
+2. End to end: the same loader with its recording stubbed out, in the same run,
+   alternating. "off" replaces ``counters.Recorder.batch`` in the workers (which fork and
+   inherit the patch) and ``ConsumerClock.leave`` and the ring sampling in the main
+   process with no-ops; the clock readings stay. Runs alternate on/off in ABBA order, so
+   drift of a shared machine hits both alike; the figure is the ratio of the medians, with
+   the spread of single runs, which on a shared 2-core machine is wider than the effect.
+
+``tiny`` (batches of 256 small rows, ~0.25 ms of work a batch) is where a fixed per-batch
+cost shows most; ``transport`` (9.6 MB batches) is the other end.
 """
 
 from __future__ import annotations
@@ -15,26 +24,70 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import timeit
 from contextlib import contextmanager
+from types import SimpleNamespace
+
 
 import shmload
 from shmload import counters
 from shmload.profile import ConsumerClock
+from shmload.worker import _WorkerLoop
 
 from .workloads import CachedImages, TinyRows
+
+WORKER_CLOCKS = 6  # perf_counter() readings a worker takes per batch for the profiler (worker.py)
+MAIN_CLOCKS = 2  # in _Epoch.__next__: entering, and the ring sampling check
 
 
 @contextmanager
 def recording_off():
-    saved = (counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.ring_sample_due)
+    saved = (counters.Recorder.batch, ConsumerClock.leave, ConsumerClock.sample_ring)
     counters.Recorder.batch = lambda self, *args: None
-    ConsumerClock.enter = lambda self: 0.0
     ConsumerClock.leave = lambda self, entered, nbytes: None
-    ConsumerClock.ring_sample_due = lambda self: False
+    ConsumerClock.sample_ring = lambda self, ring: setattr(self, "next_sample", float("inf"))
     try:
         yield
     finally:
-        counters.Recorder.batch, ConsumerClock.enter, ConsumerClock.leave, ConsumerClock.ring_sample_due = saved
+        counters.Recorder.batch, ConsumerClock.leave, ConsumerClock.sample_ring = saved
+
+
+def _best(fn, number: int = 200_000, repeat: int = 7) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def added_per_batch() -> tuple[float, float]:
+    """Seconds the profiler adds to a batch: in a worker, in the main process."""
+    board = counters.board(bytearray(counters.board_bytes(1)), 1)
+    task = SimpleNamespace(seq=1, indices=list(range(256)))
+    stand_in = SimpleNamespace(recorder=counters.Recorder(board, 0), args=SimpleNamespace(auto_batch=True),
+                               fetch_s=1e-4, collate_s=1e-4, nbytes=32768, recording=None)
+
+    def worker_side():
+        stand_in.recording = (task, 1.0, 2.0)
+        _WorkerLoop.record(stand_in)
+
+    clock = _best(time.perf_counter)
+    consumer = ConsumerClock()
+    worker = _best(worker_side) + WORKER_CLOCKS * clock
+    main = _best(lambda: consumer.leave(1.0, 32768)) + MAIN_CLOCKS * clock
+    stand_in.recorder.close()
+    return worker, main
+
+
+def cpu_per_batch(dataset, batch_size: int, epochs: int) -> float:
+    """CPU seconds (workers and main process) per batch of a real run."""
+    with shmload.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True,
+                            multiprocessing_context="fork", seed=0) as loader:
+        for _ in loader:
+            pass
+        loader.reset_stats()
+        for _ in range(epochs):
+            for _ in loader:
+                pass
+        stats = loader.stats(memory=False)
+    cpu = stats.main.cpu + sum(w.cpu or 0.0 for w in stats.workers)
+    return cpu / stats.main.batches
 
 
 def batches_per_second(dataset, batch_size: int, epochs: int) -> float:
@@ -57,7 +110,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     workloads = {"tiny": (TinyRows(256 * 400), 256), "transport": (CachedImages(64 * 60, (3, 224, 224)), 64)}
-    print(f"{'workload':<10}{'profiler on':>14}{'off':>12}{'on / off':>10}   batches/s, median of {args.runs} runs")
+
+    worker, main_side = added_per_batch()
+    print(f"added per batch: {worker * 1e6:.2f} us in a worker, {main_side * 1e6:.2f} us in the main process")
+    print(f"{'workload':<10}{'CPU/batch':>12}{'added':>10}")
+    for name, (dataset, batch_size) in workloads.items():
+        cpu = statistics.median(cpu_per_batch(dataset, batch_size, args.epochs) for _ in range(3))
+        print(f"{name:<10}{cpu * 1e6:>10.1f}us{(worker + main_side) / cpu:>10.2%}")
+
+    print(f"\n{'workload':<10}{'profiler on':>14}{'off':>12}{'on / off':>10}   batches/s, median of {args.runs} runs")
     for name, (dataset, batch_size) in workloads.items():
         on, off = [], []
         for run in range(args.runs):

@@ -40,14 +40,12 @@ def trace_events(stats: Any) -> list[dict[str, Any]]:
         {"name": "process_sort_index", "ph": "M", "pid": main, "args": {"sort_index": -1}},
         {"name": "thread_name", "ph": "M", "pid": main, "tid": main, "args": {"name": "consumer"}},
     ]
-    previous_left = None
-    for entered, left, nbytes, stepped in tl["calls"]:
-        if stepped and previous_left is not None and entered > previous_left:
+    for entered, left, nbytes, step in tl["calls"]:
+        if step > 0:
             out.append({"name": "step", "cat": "consumer", "ph": "X", "pid": main, "tid": main,
-                        "ts": us(previous_left), "dur": round((entered - previous_left) * 1e6, 3)})
+                        "ts": us(entered - step), "dur": round(step * 1e6, 3)})
         out.append({"name": "next()", "cat": "stall", "ph": "X", "pid": main, "tid": main, "ts": us(entered),
                     "dur": round((left - entered) * 1e6, 3), "args": {"bytes": int(nbytes)}})
-        previous_left = left
     for t, free, filling, ready, held in tl["occupancy"]:
         out.append({"name": "ring", "ph": "C", "pid": main, "ts": us(t),
                     "args": {"free": int(free), "filling": int(filling), "ready": int(ready), "held": int(held)}})

@@ -19,7 +19,7 @@ import pytest
 import shmload
 from shmload import counters
 from shmload.errors import OptionalDependencyError
-from shmload.profile import ConsumerClock
+from shmload.profile import CALLS, ConsumerClock
 from shmload.stats import LoaderStats, MainStats, WorkerStats, diagnose
 
 from .helpers import SleepyCollate, SleepyDataset
@@ -32,7 +32,7 @@ def within(measured: float, expected: float) -> bool:
 # ---------------------------------------------------------------- pure parts
 def test_recorder_adds_batches_and_keeps_the_last_events_in_order():
     board = np.zeros((2, counters.row_words(4)))
-    rec = counters.Recorder(board, 1, events=4)
+    rec = counters.Recorder(board, 1)
     for seq in range(10):
         t = 100.0 + seq
         rec.batch(seq, t, t + 0.1, 0.2, 0.3, t + 0.7, samples=8, nbytes=64)
@@ -40,9 +40,9 @@ def test_recorder_adds_batches_and_keeps_the_last_events_in_order():
     assert tot["batches"] == 10 and tot["samples"] == 80 and tot["bytes"] == 640 and tot["events"] == 10
     assert tot["wait"] == pytest.approx(1.0) and tot["fetch"] == pytest.approx(2.0)
     assert tot["collate"] == pytest.approx(3.0) and tot["other"] == pytest.approx(1.0)  # 0.7 - 0.1 - 0.2 - 0.3
-    events, count = counters.events(board, 1, events=4)
+    events, count = counters.events(board, 1)
     assert count == 10 and events[:, 0].tolist() == [6, 7, 8, 9]  # the last 4, oldest first
-    newer, _ = counters.events(board, 1, since=8, events=4)
+    newer, _ = counters.events(board, 1, since=8)
     assert newer[:, 0].tolist() == [8, 9]
     assert counters.totals(board)[0].tolist() == [0] * len(counters.FIELDS)  # row 0 untouched
     rec.close()
@@ -63,6 +63,37 @@ def test_consumer_clock_counts_steps_between_calls_but_not_across_epochs():
     # neither delivered call followed a step: the first had nothing before it, the other
     # followed an epoch's end
     assert clock.calls[:2, 3].tolist() == [0.0, 0.0]
+    before = clock.step
+    t = clock.enter()
+    clock.leave(t, 10)
+    assert clock.calls[2, 3] > 0 and clock.calls[2, 3] == pytest.approx(t - clock.calls[1, 1])
+    assert clock.step == pytest.approx(before + clock.calls[2, 3])
+
+
+def test_totals_stay_exact_across_flushes_and_for_a_replacement_recorder():
+    board = np.zeros((1, counters.row_words(8)))
+    rec = counters.Recorder(board, 0)  # flushes every 4 batches
+    for seq in range(11):
+        rec.batch(seq, 0.0, 1.0, 0.5, 0.25, 2.0, samples=seq, nbytes=2 * seq)
+        tot = dict(zip(counters.FIELDS, counters.totals(board)[0]))
+        assert tot["batches"] == seq + 1 and tot["samples"] == sum(range(seq + 1))
+        assert tot["bytes"] == 2 * sum(range(seq + 1)) and tot["events"] == seq + 1
+        assert tot["wait"] == pytest.approx(seq + 1) and tot["other"] == pytest.approx(0.25 * (seq + 1))
+    rec.close()
+    again = counters.Recorder(board, 0)  # a replacement worker carries on the row
+    again.batch(11, 0.0, 1.0, 0.5, 0.25, 2.0, samples=11, nbytes=22)
+    tot = dict(zip(counters.FIELDS, counters.totals(board)[0]))
+    assert tot["batches"] == 12 and tot["samples"] == sum(range(12)) and tot["fetch"] == pytest.approx(6.0)
+    again.close()
+
+
+def test_consumer_clock_totals_survive_more_calls_than_it_keeps():
+    clock = ConsumerClock()
+    for _ in range(CALLS + 700):
+        t = clock.enter()
+        clock.leave(t, 3)
+    assert clock.batches == CALLS + 700 and clock.bytes == 3 * (CALLS + 700)
+    assert 0 < clock.stall < 1 and 0 < clock.step < 1
 
 
 def _stats(num_workers=2, cores=2, stall=0.0, step=1.0, batches=100, fetch=0.5, collate=0.1, other=0.05,
