@@ -5,7 +5,8 @@ main process yields numpy views into them, with no pickling of array data.
 """
 
 from .collate import default_collate
-from .errors import (CollateError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
+from .deferred import Batched, DeferredArray
+from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
                      SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -16,8 +17,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSampler",
+    "Batched",
     "CollateError",
     "DataLoader",
+    "DeferredArray",
+    "ImageDecodeError",
     "LoaderStats",
     "LoaderTimeoutError",
     "MainStats",

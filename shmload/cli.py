@@ -1,4 +1,4 @@
-"""The ``shmload`` command.
+"""The ``shmload`` command: ``shmload profile`` (here) and ``shmload demo`` (demo.py).
 
 ``shmload profile MODULE:FACTORY``: import a dataset (``FACTORY`` is a dataset, or a
 callable returning one), load ``--batches`` batches with each worker count of
@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="OUT.png", help="draw the recommended run here (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_profile)
+    from .demo import add_parser as add_demo
+
+    add_demo(sub)
     return parser
 
 

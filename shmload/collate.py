@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from . import layout as _layout
+from .deferred import Batched
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -31,6 +32,10 @@ def make_plan(samples: Any, indices: Any, collate_fn: Callable | None, auto_batc
 
     ``auto_batch`` is False when ``batch_size=None``: ``samples`` is then one sample.
     """
+    if type(samples) is Batched:  # from a __getitems__: collated already (see deferred.py)
+        if collate_fn is None:
+            return _layout.plan_convert(samples.batch, indices)
+        samples = samples.samples()
     if collate_fn is not None:
         return _layout.plan_convert(collate_fn(samples), indices if auto_batch else [indices])
     if auto_batch:

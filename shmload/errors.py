@@ -66,6 +66,11 @@ class LoaderTimeoutError(ShmloadError, TimeoutError, RuntimeError):
     """No batch arrived within the loader's ``timeout``."""
 
 
+class ImageDecodeError(ShmloadError, OSError):
+    """An image file could not be opened or decoded; the message names the file and the
+    dataset index (``shmload.datasets.ImageFolder``)."""
+
+
 class RemoteError(NamedTuple):
     """An exception raised in a worker, in a form that always crosses the process boundary.
 

@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .deferred import DeferredArray
 from .errors import CollateError, format_indices
 
 ALIGN = 64
@@ -115,6 +116,8 @@ def _as_array(value: Any, tensor_type) -> np.ndarray | None:
 
 
 def _describe_value(value: Any) -> str:
+    if isinstance(value, DeferredArray):
+        return f"a deferred array of shape {tuple(value.shape)} and dtype {np.dtype(value.dtype)}"
     try:
         arr = _as_array(value, _torch_tensor_type())
     except TypeError:  # a tensor numpy cannot represent
@@ -185,9 +188,22 @@ class _Batcher:
             raise self.fail(path, pos, _describe_value(value), "an array numpy can represent",
                             f"({exc}) Convert it in the dataset, e.g. tensor.float().") from None
 
+    def deferred_kind(self, value: DeferredArray, path: str, pos: int) -> tuple:
+        try:
+            shape, dtype = tuple(int(n) for n in value.shape), np.dtype(value.dtype)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise self.fail(path, pos, f"a {type(value).__name__} without a valid shape and dtype",
+                            "a DeferredArray with a tuple of ints as shape and a numpy dtype",
+                            f"({exc})") from None
+        if dtype.hasobject or any(n < 0 for n in shape):
+            raise self.fail(path, pos, _describe_value(value), "a non-negative shape and a plain (non-object) dtype")
+        return ("array", shape, dtype)
+
     def new_leaf(self, value: Any, path: str) -> Leaf:
-        arr = self.array_of(value, path, 0)
-        if arr is not None:
+        arr = None if isinstance(value, DeferredArray) else self.array_of(value, path, 0)
+        if isinstance(value, DeferredArray):
+            kind = self.deferred_kind(value, path, 0)
+        elif arr is not None:
             if arr.dtype.hasobject:
                 raise self.fail(path, 0, f"an array of dtype {arr.dtype}", "an array of a plain (non-object) dtype",
                                 "Object arrays cannot be placed in shared memory; convert to a numeric dtype.")
@@ -223,7 +239,11 @@ class _Batcher:
 
     def match_leaf(self, leaf_id: int, value: Any, path: str, pos: int) -> None:
         kind = self.kinds[leaf_id]
-        if kind[0] == "array":
+        if kind[0] == "array" and isinstance(value, DeferredArray):
+            if self.deferred_kind(value, path, pos) != kind:
+                raise self.fail(path, pos, _describe_value(value), f"an array of shape {tuple(kind[1])} and dtype {kind[2]}",
+                                "Arrays are stacked, so every sample needs the same shape and dtype.")
+        elif kind[0] == "array":
             arr = self.array_of(value, path, pos)
             if arr is None or arr.shape != kind[1] or arr.dtype != kind[2]:
                 got = _describe_value(value)
@@ -366,8 +386,21 @@ def _fill(out: np.ndarray, source: Any) -> None:
             np.concatenate(source, out=out.reshape((-1,) + out.shape[2:]), casting="no")
         else:
             np.stack(source, out=out)
+    elif isinstance(source, list) and source and isinstance(source[0], DeferredArray):
+        for i, value in enumerate(source):
+            write_one(out[i, ...], value)  # [i, ...]: a view even when a row is 0-d
+    elif isinstance(source, DeferredArray):
+        source.write_into(out)
     else:
         out[...] = source
+
+
+def write_one(out: np.ndarray, value: Any) -> None:
+    """Write one sample's array leaf (an array, or a DeferredArray) into its row."""
+    if isinstance(value, DeferredArray):
+        value.write_into(out)
+    else:
+        out[...] = value
 
 
 def _rechecked(plan: Plan, error: Exception) -> Exception:
@@ -407,7 +440,7 @@ def build_local(plan: Plan, wrap: Callable[[np.ndarray], Any] | None = None) -> 
     arrays = []
     for spec, source in zip(plan.layout.leaves, plan.sources):
         if type(spec) is ArraySpec:
-            if isinstance(source, list):
+            if isinstance(source, (list, DeferredArray)):
                 out = np.empty(spec.shape, spec.dtype)
                 try:
                     _fill(out, source)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .layout import ArraySpec, Plan, _Batcher, _plan_stack_after_first
+from .layout import ArraySpec, Plan, _Batcher, _plan_stack_after_first, write_one
 
 # Below this, fetching the whole batch first costs nothing worth avoiding, and the
 # column-at-a-time fast path of ``layout.plan_stack`` is quicker than going sample by sample.
@@ -68,5 +68,5 @@ class StreamedBatch:
         """Write sample ``pos``'s arrays (the last entry of each array column) and let go of them."""
         for i, view in views.items():
             column = self._batcher.columns[i]
-            view[pos] = column[-1]
+            write_one(view[pos, ...], column[-1])  # [pos, ...]: a view even when a row is 0-d
             column[-1] = None

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from shmload import DeferredArray
+
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
 
@@ -374,3 +376,31 @@ class SleepyCollate:
 def small_dataset():
     """A factory for `shmload profile tests.helpers:small_dataset`."""
     return SleepyDataset(64, 0.0005)
+
+
+class RampArray(DeferredArray):
+    """A [rows, 4] float32 array i, i+1, ... written straight into its row."""
+
+    def __init__(self, start: int, rows: int = 3):
+        self.start, self.shape, self.dtype = start, (rows, 4), np.dtype(np.float32)
+
+    def write_into(self, out: np.ndarray) -> None:
+        out[...] = np.arange(self.start, self.start + out.size, dtype=np.float32).reshape(out.shape)
+
+
+class DeferredDataset:
+    """Sample i: ``{"x": RampArray(i) (rows rows), "y": i}``; ``big_at`` returns one with a
+    different shape."""
+
+    def __init__(self, n: int, rows: int = 3, big_at: int | None = None):
+        self.n, self.rows, self.big_at = n, rows, big_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": RampArray(i, self.rows + (i == self.big_at)), "y": i}
+
+
+def ramp(i: int, rows: int = 3) -> np.ndarray:
+    return np.arange(i, i + rows * 4, dtype=np.float32).reshape(rows, 4)

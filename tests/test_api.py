@@ -22,14 +22,15 @@ def test_public_exports_do_not_drift():
         "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
         "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
-        "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats"])
+        "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats", "Batched", "DeferredArray",
+        "ImageDecodeError"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
 
 
 def test_error_hierarchy():
     for name in ("CollateError", "LoaderTimeoutError", "SharedMemoryError", "RingFullError", "WorkerError",
-                 "WorkerStartupError", "WorkerDiedError", "OptionalDependencyError"):
+                 "WorkerStartupError", "WorkerDiedError", "OptionalDependencyError", "ImageDecodeError"):
         assert issubclass(getattr(shmload, name), shmload.ShmloadError)
     assert issubclass(shmload.WorkerError, RuntimeError)
     assert issubclass(shmload.LoaderTimeoutError, TimeoutError) and issubclass(shmload.LoaderTimeoutError, RuntimeError)
