@@ -229,3 +229,19 @@ def test_array_dataset_with_a_collate_fn_gets_samples():
 def test_the_public_names_are_exported():
     assert shmload.DeferredArray is not None and shmload.Batched is Batched
     assert issubclass(ImageDecodeError, OSError)
+
+
+@pytest.mark.timeout(120)
+def test_the_demo_command_runs_the_image_pipeline_and_explains_the_time(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, SHMLOAD_CACHE=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "shmload", "demo", "--images", "64", "--batch-size", "8", "--size",
+                          "64", "--workers", "2"], capture_output=True, text=True, timeout=100, env=env)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert re.search(r"shmload demo: 64 JPEGs \(~500x375, 10 classes\)", out)
+    assert re.search(r"epoch 0: [\d,]+ images/s", out)
+    assert re.search(r"then [\d,]+ images/s \(\[8, 64, 64, 3\] uint8 batches\), the consumer waited \d+% of the time", out)
+    assert re.search(r"worker 1 \(\d+\) .* fetch", out, re.S) and "diagnosis:" in out
+    assert len(os.listdir(tmp_path / "demo-images-64-500x375")) == 11  # 10 classes and the marker
