@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from shmload.transforms.params import resized_crop_box  # torchvision's rules, on Python's random
+
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 
 
@@ -60,28 +62,6 @@ class TinyRows:
         return self.rows[i], i
 
 
-def random_resized_crop_box(width: int, height: int, scale=(0.08, 1.0),
-                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params with Python's ``random``: (left, top, w, h)."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * random.uniform(*scale)
-        aspect = math.exp(random.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return random.randint(0, width - w), random.randint(0, height - h), w, h
-    in_ratio = width / height  # fallback: the central crop with the ratio clamped
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        w, h = int(round(height * max(ratio))), height
-    else:
-        w, h = width, height
-    return (width - w) // 2, (height - h) // 2, w, h
-
-
 class JpegFolder:
     """Decode + RandomResizedCrop(224) + random horizontal flip, HWC uint8; label = class."""
 
@@ -99,7 +79,7 @@ class JpegFolder:
         from PIL import Image
         with Image.open(self.paths[i]) as img:
             img = img.convert("RGB")
-            left, top, w, h = random_resized_crop_box(*img.size)
+            left, top, w, h = resized_crop_box(*img.size)
             img = img.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h))
             if random.random() < 0.5:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)

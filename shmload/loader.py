@@ -195,7 +195,8 @@ class DataLoader:
             try:
                 import torch  # noqa: F401  (only imported when asked for)
             except ImportError as exc:
-                raise OptionalDependencyError("output='torch' needs torch: pip install torch") from exc
+                raise OptionalDependencyError("output='torch' needs torch: pip install torch==2.13.0 (the version "
+                                              "shmload is tested with; or pip install 'shmload[torch]')") from exc
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:

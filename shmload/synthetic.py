@@ -79,7 +79,8 @@ def image_folder(root: str | os.PathLike, count: int = 2000, size: tuple[int, in
     ``root/class000 .. root/class{classes-1}`` once (a marker file records a finished
     folder; a partial one is rewritten), and return ``root``. Deterministic: image ``k``
     comes from seed ``k``. Written by ``processes`` worker processes (default: the
-    usable cores)."""
+    usable cores). Use one folder per ``count``: a larger count adds images next to
+    those of a smaller one."""
     import multiprocessing
 
     root = os.fspath(root)

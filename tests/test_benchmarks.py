@@ -6,7 +6,6 @@ import random
 import pytest
 
 from benchmarks import report
-from benchmarks.workloads import random_resized_crop_box
 
 
 def _run(seconds, batches=10, batch_bytes=1_000_000, **extra):
@@ -56,17 +55,6 @@ def test_the_table_names_every_loader_and_flags_unordered_and_duplicate_output()
     text = report.table("transport", {"shmload": shm, "tp-runner": runner, "spdl": {"skipped": "no spdl"}}, None, 2)
     assert "**shmload**" in text and "0.50x" in text and "skipped: no spdl" in text
     assert "8 dup / 8 missing samples, unordered" in text
-
-
-def test_random_resized_crop_stays_inside_the_image_with_torchvisions_bounds():
-    random.seed(0)
-    for _ in range(2000):
-        left, top, w, h = random_resized_crop_box(500, 375)
-        assert 0 <= left and left + w <= 500 and 0 <= top and top + h <= 375
-        assert w > 0 and h > 0
-    # an extreme aspect ratio takes the fallback: the central crop with the ratio clamped
-    random.seed(1)
-    assert random_resized_crop_box(1000, 10, scale=(0.99, 1.0), ratio=(1.0, 1.0)) == (495, 0, 10, 10)
 
 
 def test_the_soak_slope_ignores_the_warm_up_half_and_is_per_hour():

@@ -30,12 +30,18 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 MAX_SKIPS = 16  # on_error="skip": how many unreadable files in a row before giving up
 
 
-def _decode_errors() -> tuple[type[BaseException], ...]:
-    from PIL import Image
+_DECODE_ERRORS: tuple[type[BaseException], ...] = ()
 
-    # What Pillow raises for a file it cannot read: UnidentifiedImageError and
-    # "image file is truncated" are OSErrors; some plugins raise SyntaxError.
-    return (OSError, SyntaxError, Image.DecompressionBombError)
+
+def _decode_errors() -> tuple[type[BaseException], ...]:
+    global _DECODE_ERRORS
+    if not _DECODE_ERRORS:
+        from PIL import Image
+
+        # What Pillow raises for a file it cannot read: UnidentifiedImageError and
+        # "image file is truncated" are OSErrors; some plugins raise SyntaxError.
+        _DECODE_ERRORS = (OSError, SyntaxError, Image.DecompressionBombError)
+    return _DECODE_ERRORS
 
 
 def find_classes(root: str) -> list[str]:
@@ -72,20 +78,25 @@ def _walk(folder: str, rel: str, extensions: tuple[str, ...], out: list[str]) ->
 def scan(root: str, classes: Sequence[str], extensions: tuple[str, ...],
          allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The images under ``root/<class>``: (path bytes, offsets, labels), see the module doc."""
-    names: list[str] = []
-    counts = []
+    # Class by class, so the Python strings of only one class exist at a time (a million
+    # of them at once would take several times the arrays' size at the peak).
+    chunks, lengths, counts = [], [], []
     for cls in classes:
-        start = len(names)
+        names: list[str] = []
         _walk(os.path.join(root, cls), cls + "/", extensions, names)
-        counts.append(len(names) - start)
+        encoded = [os.fsencode(n) for n in names]
+        chunks.append(b"".join(encoded))
+        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        counts.append(len(names))
     empty = [c for c, n in zip(classes, counts) if n == 0]
     if empty and not allow_empty:
         raise FileNotFoundError(f"ImageFolder: found no image files (extensions {', '.join(extensions)}) for the "
                                 f"classes {empty[:10]} under {root!r}; pass allow_empty=True to keep empty classes")
-    encoded = [os.fsencode(n) for n in names]
-    blob = np.frombuffer(b"".join(encoded), dtype=np.uint8) if encoded else np.zeros(0, np.uint8)
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    blob = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    del chunks
+    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(len(all_lengths) + 1, dtype=np.int64)
+    np.cumsum(all_lengths, out=offsets[1:])
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), counts)
     return blob, offsets, labels
 
