@@ -186,7 +186,7 @@ def test_train_pipeline_equals_the_same_steps_one_by_one(jpegs, name):
     random.seed(11)
     pending = train_pipeline(224)(Image.open(jpegs[name]))
     random.seed(11)
-    steps = Compose([RandomResizedCrop(224, fast_decode=True), RandomHorizontalFlip(0.5)])
+    steps = Compose([RandomResizedCrop(224), RandomHorizontalFlip(0.5)])
     reference = np.asarray(steps(Image.open(jpegs[name])))
     assert pending.shape == (224, 224, 3) and pending.dtype == np.uint8
     assert np.array_equal(np.asarray(pending), reference)

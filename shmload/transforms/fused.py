@@ -38,7 +38,7 @@ class TrainPipeline:
     def __init__(self, size: int | Sequence[int] = 224, output: str = "uint8-hwc",
                  scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
                  flip_p: float = 0.5, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
-                 interpolation: Any = "bilinear", reduced_decode: bool = True, fast_decode: bool = True):
+                 interpolation: Any = "bilinear", reduced_decode: bool = True, fast_decode: bool = False):
         if output not in OUTPUTS:
             raise ValueError(f"train_pipeline: output must be one of {OUTPUTS}, got {output!r}")
         if not 0.0 <= flip_p <= 1.0:
@@ -81,9 +81,14 @@ class PendingImage(DeferredArray):
         self.shape, self.dtype = pipeline.shape, pipeline.dtype
 
     def write_into(self, out: np.ndarray) -> None:
-        a = np.asarray(self.image)  # [H, W, 3] uint8
+        image = self.image
         if self.flip:
-            a = a[:, ::-1]
+            # Pillow mirrors a 224x224 image in 0.06 ms; numpy's negative-stride copy of
+            # 3-byte pixels (a[:, ::-1]) took 0.35 ms, 7% of a 500x375 image's budget.
+            from PIL import Image
+
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        a = np.asarray(image)  # [H, W, 3] uint8
         p = self.pipeline
         if p.output == "uint8-hwc":
             out[...] = a
@@ -104,7 +109,7 @@ def train_pipeline(size: int | Sequence[int] = 224, output: str = "uint8-hwc", *
 
     Options: ``scale=(0.08, 1.0)``, ``ratio=(3/4, 4/3)``, ``flip_p=0.5``, ``mean``,
     ``std`` (torchvision's ImageNet values times 255), ``interpolation="bilinear"``,
-    ``reduced_decode=True``, ``fast_decode=True`` (libjpeg's fast DCT and plain chroma
-    upsampling: about 40% less decode time for about 1 level in 255 of pixel difference;
-    pass False for exact decoding)."""
+    ``reduced_decode=True``, ``fast_decode=False`` (True: libjpeg's fast DCT and plain
+    chroma upsampling, about 5% less decode time with libjpeg-turbo for about 1 level in
+    255 of pixel difference; off by default so that results match an exact decode)."""
     return TrainPipeline(size, output, **options)
