@@ -50,11 +50,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import stat
 import statistics
@@ -69,6 +67,7 @@ import psutil
 import shmload
 from shmload.datasets import IMG_EXTENSIONS, ImageFolder
 
+from .host import machine, versions
 from .workloads import CACHE_DIR
 
 MB = 1e6
@@ -272,7 +271,7 @@ def worker_figures(root: str, n: int, with_torch: bool) -> dict[str, dict[str, A
     dataset = TupleListDataset(root)
     out["shmload + list of tuples"] = epoch_uss(shmload_loader(dataset), lambda loader: loader.close(), n)
     if with_torch:
-        out[f"torch {torch_version()} + list of tuples"] = epoch_uss(torch_loader(dataset), close_torch, n)
+        out[f"torch {versions(['torch'])['torch']} + list of tuples"] = epoch_uss(torch_loader(dataset), close_torch, n)
     for name, fig in out.items():
         print(f"  {name}: epoch {fig['seconds']:.1f} s, worker USS growth "
               f"{', '.join(f'{g:.1f}' for g in fig['growth_mb'])} MB", flush=True)
@@ -281,30 +280,9 @@ def worker_figures(root: str, n: int, with_torch: bool) -> dict[str, dict[str, A
     return out
 
 
-def torch_version() -> str | None:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 # ---------------------------------------------------------------- report
-def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import numpy
-
-    return {"cpu": model, "cpu_count": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "ram_gib": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": numpy.__version__, "torch": torch_version()}
-
-
 def report(args: argparse.Namespace, tree: dict[str, Any], scan: dict, workers: dict) -> None:
-    m = machine()
+    m = machine(("numpy", "torch", "shmload"))
     n = args.files
     print(f"\nmachine: {m['cpu']}, {m['cpu_count']} cores ({m['usable_cores']} usable), {m['ram_gib']} GiB RAM, "
           f"Python {m['python']}, {m['platform']}")
@@ -364,7 +342,7 @@ def main() -> None:
     print("scanning", flush=True)
     scan = scan_figures(root, args.files)
     print("one epoch per loader", flush=True)
-    with_torch = not args.no_torch and torch_version() is not None
+    with_torch = not args.no_torch and versions(["torch"])["torch"] is not None
     workers = worker_figures(root, args.files, with_torch)
     report(args, tree, scan, workers)
 

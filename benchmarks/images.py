@@ -72,12 +72,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import itertools
 import json
 import mmap
 import os
-import platform
 import random
 import resource
 import statistics
@@ -91,6 +89,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import host
+from .host import children_cpu_seconds
 from .workloads import CACHE_DIR, thread_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,21 +174,6 @@ class TorchStyleFolder:
 
 
 # ---------------------------------------------------------------- one loader, in a child process
-def children_cpu() -> float | None:
-    try:
-        import psutil
-    except ImportError:
-        return None
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
 def epoch(loader: Any) -> tuple[int, int, float, float]:
     """Images, batches, wall seconds and seconds to the first batch of one epoch."""
     images = batches = 0
@@ -244,9 +229,9 @@ def run_child(name: str, root: str, epochs: int) -> dict[str, Any]:
     try:
         warm_images, _, warm_s, first = epoch(loader)
         first += time.perf_counter() - t0 - warm_s  # from constructing the loader
-        cpu0, main0 = children_cpu(), time.process_time()
+        cpu0, main0 = children_cpu_seconds(), time.process_time()
         timed = [epoch(loader) for _ in range(epochs)]
-        cpu1, main1 = children_cpu(), time.process_time()
+        cpu1, main1 = children_cpu_seconds(), time.process_time()
     finally:
         close()
     expected = len(loader.dataset)
@@ -526,28 +511,14 @@ def quality(folder: Folder, paths: list[str]) -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------- the run
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions: dict[str, str | None] = {}
-    for dist in ("numpy", "Pillow", "torch", "shmload"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)  # torch: not imported in this process
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
+    m = host.machine(("numpy", "Pillow", "torch", "shmload"))
     try:
         from PIL import features
         turbo = " (turbo)" if features.check_feature("libjpeg_turbo") else ""
-        versions["libjpeg"] = f"{features.version('jpg')}{turbo}"
+        m["versions"]["libjpeg"] = f"{features.version('jpg')}{turbo}"
     except Exception:
-        versions["libjpeg"] = None
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": model, "cpu_count": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "ram_gib": round(ram, 1), "platform": platform.platform(), "python": platform.python_version(),
-            "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        m["versions"]["libjpeg"] = None
+    return m
 
 
 def warm_page_cache(root: Path) -> int:

@@ -31,18 +31,8 @@ import numpy as np
 import psutil
 
 from . import peers
+from .host import children_cpu_seconds
 from .workloads import WORKLOADS, Step, load_batch
-
-
-def children_cpu_seconds() -> float:
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
 
 
 def first_values(images: Any) -> np.ndarray:

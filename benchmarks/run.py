@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ceilings as ceilings_mod
+from .host import machine
 from . import report
 from .memory import PeakSampler
 from .peers import PEERS
@@ -35,25 +35,6 @@ from .workloads import WORKLOADS, make_jpeg_folder, thread_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def machine() -> dict[str, Any]:
-    import psutil
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for module in ("numpy", "PIL", "torch", "tensorpack", "zmq", "spdl", "shmload"):
-        try:
-            versions[module] = getattr(__import__(module), "__version__", "?")
-        except Exception:
-            versions[module] = None
-    return {"cpu": model, "cpu_count": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run_child(workload: str, loader: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -138,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"run-{stamp}{'-quick' if args.quick else ''}.json"
     chart_path = args.chart or out.with_suffix(".png")
     t0 = time.perf_counter()
-    data: dict[str, Any] = {"machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
+    data: dict[str, Any] = {"machine": machine(("numpy", "Pillow", "torch", "tensorpack", "pyzmq", "spdl", "shmload")), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                              for k, v in vars(args).items()}}
     m = data["machine"]
     print(f"machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['ram_gib']} GiB, {m['platform']}, "

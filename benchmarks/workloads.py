@@ -18,7 +18,6 @@ and what shmload's and torch's default collate produce.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time

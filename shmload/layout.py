@@ -200,10 +200,10 @@ class _Batcher:
         return ("array", shape, dtype)
 
     def new_leaf(self, value: Any, path: str) -> Leaf:
-        arr = None if isinstance(value, DeferredArray) else self.array_of(value, path, 0)
+        arr = None
         if isinstance(value, DeferredArray):
             kind = self.deferred_kind(value, path, 0)
-        elif arr is not None:
+        elif (arr := self.array_of(value, path, 0)) is not None:
             if arr.dtype.hasobject:
                 raise self.fail(path, 0, f"an array of dtype {arr.dtype}", "an array of a plain (non-object) dtype",
                                 "Object arrays cannot be placed in shared memory; convert to a numeric dtype.")

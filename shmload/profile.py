@@ -87,21 +87,26 @@ class ConsumerClock:
         c = self.calls[np.arange(self._covered, self.count) % CALLS]
         return self._stored + np.array([len(c), c[:, 2].sum(), (c[:, 1] - c[:, 0]).sum(), c[:, 3].sum()])
 
+    def figures(self) -> tuple[int, int, float, float]:
+        """batches, bytes, stall and step so far, the calls that raised included."""
+        t = self.totals()
+        return int(t[0]), int(t[1]), float(t[2]) + self._ended_stall, float(t[3]) + self._ended_step
+
     @property
     def batches(self) -> int:
-        return int(self.totals()[0])
+        return self.figures()[0]
 
     @property
     def bytes(self) -> int:
-        return int(self.totals()[1])
+        return self.figures()[1]
 
     @property
     def stall(self) -> float:
-        return float(self.totals()[2]) + self._ended_stall
+        return self.figures()[2]
 
     @property
     def step(self) -> float:
-        return float(self.totals()[3]) + self._ended_step
+        return self.figures()[3]
 
     def sample_ring(self, ring: Any) -> None:
         now = _clock()
@@ -155,7 +160,7 @@ class Profile:
         self.started = _clock()
         self._cpu_main = time.process_time()
         self._base_totals = self._totals()
-        self._base_consumer = (self.consumer.batches, self.consumer.bytes, self.consumer.stall, self.consumer.step)
+        self._base_consumer = self.consumer.figures()
         self._base_cpu = {pid: cpu for pid, cpu in self._live_cpu().items()}
         self._retired_cpu: dict[int, float] = {}  # worker id -> CPU seconds of closed sessions, this window
 
@@ -235,9 +240,9 @@ class Profile:
             f = dict(zip(counters.FIELDS, t))
             workers.append(WorkerStats(wid, pid, int(f["batches"]), int(f["samples"]), int(f["bytes"]), f["wait"],
                                        f["fetch"], f["collate"], f["other"], cpu, rss, pss, uss))
-        c, b = self.consumer, self._base_consumer
+        c, b = self.consumer.figures(), self._base_consumer
         mrss, mpss, muss = _memory(os.getpid()) if memory else (None, None, None)
-        main = MainStats(os.getpid(), c.batches - b[0], c.bytes - b[1], c.stall - b[2], c.step - b[3],
+        main = MainStats(os.getpid(), c[0] - b[0], c[1] - b[1], c[2] - b[2], c[3] - b[3],
                          time.process_time() - self._cpu_main, mrss, mpss, muss)
         ring_stats = self._ring_stats(ring)
         try:

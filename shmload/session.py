@@ -36,7 +36,7 @@ from .dispatch import Dispatcher, prefetch_depth
 from .layout import ObjectValue
 from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
                      format_bytes, format_indices)
-from .messages import Attach, AttachBoard, Detach, Done, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
+from .messages import Attach, AttachBoard, Detach, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .profile import cpu_seconds
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes

@@ -1,7 +1,6 @@
 """The benchmark suite's pure parts: summaries, ratios, targets, the crop rule. (The suite
 itself runs in CI as `python -m benchmarks.run --quick`.)"""
 
-import random
 
 import pytest
 
