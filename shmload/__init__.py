@@ -6,8 +6,10 @@ main process yields numpy views into them, with no pickling of array data.
 
 from .collate import default_collate
 from .deferred import Batched, DeferredArray
+from .distributed import DistributedSampler
 from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
                      SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
+from .iterable import GeneratorSource
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats
@@ -21,6 +23,8 @@ __all__ = [
     "CollateError",
     "DataLoader",
     "DeferredArray",
+    "DistributedSampler",
+    "GeneratorSource",
     "ImageDecodeError",
     "LoaderStats",
     "LoaderTimeoutError",

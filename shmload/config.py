@@ -23,3 +23,7 @@ class LoaderConfig:
     slot_bytes: int | None
     max_shm_bytes: int | None
     max_worker_restarts: int = 0
+    rank: int = 0  # this process's rank in a distributed job, mixed into the batch seeds (seeding.py)
+    iterable: bool = False  # the dataset is read as a stream (iterable.py)
+    batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
+    drop_last: bool = False

@@ -52,6 +52,11 @@ class Dispatcher:
                 best, best_load = wid, len(tasks)
         return best
 
+    def has_room(self, wid: int) -> bool:
+        """May worker ``wid`` be sent one more task? (An iterable source's draws go to the
+        worker whose stream it is, whatever the others hold.)"""
+        return len(self._tasks[wid]) < self.per_worker
+
     def assign(self, wid: int, key: tuple[int, int], task: Any) -> None:
         """Record ``task`` (anything with a ``slot`` attribute) as held by ``wid``,
         replacing what was recorded under ``key``."""

@@ -1,9 +1,12 @@
-"""One epoch: pull index batches from the sampler, get them loaded, yield them in order.
+"""One epoch: take tasks from the schedule, get them loaded, yield the batches in order.
 
 :class:`SingleProcessEpoch` loads in the calling process (``num_workers=0``).
 :class:`MultiprocessEpoch` keeps up to ``num_workers * prefetch_factor`` batches
-(``Session.outstanding``) outstanding (dispatched or ready but not yet yielded, as torch counts them), feeds
-results through a :class:`ReorderBuffer`, and yields views into the ring.
+(``Session.outstanding``) outstanding (dispatched or ready but not yet yielded, as torch
+counts them), feeds results through a :class:`ReorderBuffer`, and yields views into the
+ring. The schedule (``schedule.py``) says what each task loads: a sampler's batches, or
+draws from the workers' streams. Both epochs record what they delivered in ``progress``
+(``resume.py``), from which ``DataLoader.state_dict()`` is made.
 
 An exception raised while loading a batch is raised at that batch's position; the
 iterator stays usable and the next ``next()`` yields the following batch.
@@ -14,17 +17,20 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 from . import layout as _layout
 from . import lifetime, seeding
 from .collate import make_plan
 from .config import LoaderConfig
-from .errors import LoaderTimeoutError, ShmloadError, format_indices
+from .errors import LoaderTimeoutError, ShmloadError, describe_load
 from .fetch import fetch
+from .iterable import Stream
+from .messages import Draw, StreamPoint
 from .reorder import ReorderBuffer
 from .profile import Profile
-from .session import LoadFailed, Session
+from .schedule import Planned
+from .session import Ended, LoadFailed, Session
 
 POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
 _clock = time.perf_counter
@@ -62,52 +68,87 @@ class _Epoch:
 
 
 class SingleProcessEpoch(_Epoch):
-    def __init__(self, cfg: LoaderConfig, batches: Iterator, epoch: int, length: int | None, profile: Profile):
-        self._cfg, self._batches, self._epoch, self._length = cfg, batches, epoch, length
+    """``num_workers=0``: each batch is loaded when asked for, in the calling process."""
+
+    def __init__(self, cfg: LoaderConfig, schedule: Any, progress: Any, epoch: int, length: int | None,
+                 profile: Profile, stream: Stream | None = None):
+        self._cfg, self.schedule, self.progress = cfg, schedule, progress
+        self.epoch, self._length = epoch, length
         self._profile = profile
-        self._seq = 0
+        self._stream = stream  # an iterable source's, kept by the loader across epochs
 
     def _produce(self) -> Any:
-        indices = next(self._batches)
-        seq, self._seq = self._seq, self._seq + 1
-        cfg = self._cfg
+        while True:
+            planned = self.schedule.peek()
+            if planned is None:
+                self.progress.finished = True
+                raise StopIteration
+            self.schedule.commit()
+            batch = self._load(planned)
+            if batch is not _ENDED:
+                return batch
+
+    def _load(self, planned: Planned) -> Any:
+        cfg, seq, load = self._cfg, planned.seq, planned.load
+        draw = load if type(load) is Draw else None
         # The profile's in-process "worker": no wait for a task; as in a worker, a stage
         # counts once it completes, and the rest (seeding, a failed stage) is "other".
         started = _clock()
         fetch_s = collate_s = 0.0
         self._nbytes = 0
+        samples_n = 0
+        point = None
+        ended = False
         try:
             with seeding.preserved_globals():
-                seeding.seed_globals(cfg.seed, self._epoch, seq)
                 try:
                     t0 = _clock()
-                    samples = fetch(cfg.dataset, indices, cfg.auto_batch)
+                    if draw is None:
+                        seeding.seed_globals(cfg.seed, self.epoch, seq, cfg.rank)
+                        samples = fetch(cfg.dataset, load, cfg.auto_batch)
+                    else:
+                        samples = self._stream.draw(self, draw, lambda n: seeding.seed_globals(
+                            cfg.seed, self.epoch, seeding.stream_position(n, 0, 1), cfg.rank))
+                        if samples is None:
+                            ended = True
+                            self.schedule.ended(0)
+                            self.progress.end(0)
+                            return _ENDED
+                        point = StreamPoint(self._stream.draws, self._stream.state())
                     t1 = _clock()
                     fetch_s = t1 - t0
-                    plan = make_plan(samples, indices, cfg.collate_fn, cfg.auto_batch)
+                    samples_n = (len(samples) if draw is not None else len(load)) if cfg.auto_batch else 1
+                    plan = make_plan(samples, load if draw is None else None, cfg.collate_fn, cfg.auto_batch)
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
-                                       f"(dataset indices {format_indices(indices)})") from exc
+                                       f"({describe_load(load)})") from exc
             batch = _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
             collate_s = _clock() - t1
             self._nbytes = plan.layout.nbytes
             return batch
         finally:
-            samples_n = len(indices) if cfg.auto_batch else 1
+            # delivered or raised: either way, the batch (the draw) is consumed
+            if draw is None:
+                self.progress.delivered(seq)
+            elif not ended:
+                state = point.state if point is not None else self._stream.state_or_none()
+                self.progress.delivered(0, self._stream.draws, state)
             self._profile.inline.batch(seq, started, started, fetch_s, collate_s, _clock(), samples_n, self._nbytes)
 
 
+_ENDED = object()  # _load(): the stream ended, no batch
+
+
 class MultiprocessEpoch(_Epoch):
-    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 batches: Iterator, epoch: int, length: int | None, loader: Any, profile: Profile):
+    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool, schedule: Any, progress: Any,
+                 epoch: int, length: int | None, loader: Any, profile: Profile):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
         self._profile = profile
-        self._cfg, self._session, self._batches = cfg, session, batches
-        self._epoch, self._length = epoch, length
+        self._cfg, self._session = cfg, session
+        self.schedule, self.progress = schedule, progress
+        self.epoch, self._length = epoch, length
         self._iteration = session.begin_iteration()
         self._reorder = ReorderBuffer(cfg.in_order)
-        self._next_seq = 0
-        self._pending: Any = None  # indices pulled from the sampler, not yet dispatched
         self._exhausted = False
         # Non-persistent workers live as long as this iterator: break, del, garbage
         # collection and interpreter exit all stop them.
@@ -126,6 +167,7 @@ class MultiprocessEpoch(_Epoch):
         try:
             return self._next()
         except StopIteration:
+            self.progress.finished = True
             self._finish()
             raise
         except ShmloadError:
@@ -139,6 +181,9 @@ class MultiprocessEpoch(_Epoch):
             self._fill()
             popped = self._reorder.pop()
             if popped is not None:
+                if type(popped[1]) is Ended:
+                    self.progress.end(popped[1].worker)
+                    continue
                 return self._yield(popped[1])
             if self._exhausted and len(self._reorder) == 0:
                 raise StopIteration
@@ -152,6 +197,8 @@ class MultiprocessEpoch(_Epoch):
                 wait = min(wait, deadline - now)
             results = self._session.poll(wait)
             for result in results:
+                if type(result) is Ended:
+                    self.schedule.ended(result.worker)  # no more draws from it
                 self._reorder.put(result.seq, result)
             if results:
                 deadline = None
@@ -164,19 +211,21 @@ class MultiprocessEpoch(_Epoch):
 
     def _dispatch(self) -> None:
         while not self._exhausted and len(self._reorder) < self._session.outstanding:
-            if self._pending is None:
-                try:
-                    self._pending = next(self._batches)
-                except StopIteration:
-                    self._exhausted = True
-                    return
-            if not self._session.try_dispatch(self._epoch, self._next_seq, self._pending):
+            planned = self.schedule.peek()
+            if planned is None:
+                self._exhausted = True
                 return
-            self._reorder.expect(self._next_seq)
-            self._next_seq += 1
-            self._pending = None
+            if not self._session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker):
+                return
+            self._reorder.expect(planned.seq)
+            self.schedule.commit()
 
     def _yield(self, result: Any) -> Any:
+        if result.stream is None:
+            self.progress.delivered(result.seq)
+        else:
+            worker, point = result.stream
+            self.progress.delivered(worker, point.draws, point.state)
         if type(result) is LoadFailed:
             raise result.error
         self._nbytes = result.layout.nbytes
@@ -188,7 +237,8 @@ class MultiprocessEpoch(_Epoch):
 
     def _timed_out(self) -> LoaderTimeoutError:
         missing = sorted(self._reorder.missing)
-        seq = missing[0] if missing else self._next_seq
+        planned = self.schedule.peek()
+        seq = missing[0] if missing else planned.seq if planned is not None else -1
         return LoaderTimeoutError(
             f"DataLoader timed out after {self._cfg.timeout} seconds waiting for batch {seq}: "
             f"{self._session.holder_of(seq)}")

@@ -33,6 +33,13 @@ def format_indices(indices, limit: int = 16) -> str:
     return f"[{head}, ..., {tail}] ({len(indices)} indices)"
 
 
+def describe_load(what) -> str:
+    """What a task loads, for a message: ``dataset indices [...]`` for a map-style batch,
+    the stream's own description (``messages.Draw``) for an iterable source's."""
+    describe = getattr(what, "describe", None)
+    return describe() if describe is not None else f"dataset indices {format_indices(what)}"
+
+
 class ShmloadError(Exception):
     """Base class of every error shmload raises of its own."""
 

@@ -8,12 +8,13 @@ non-default value, never silently ignored.
 
 from __future__ import annotations
 
+import itertools
 import numbers
-import sys
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _platform, seeding
+from . import resume as _resume
 from ._checks import check_int
 from .collate import default_collate
 from .config import LoaderConfig
@@ -21,7 +22,11 @@ from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import OptionalDependencyError
 from .profile import Profile
+from .distributed import current_rank
+from .iterable import Stream, as_source, is_iterable_source
+from .resume import BatchProgress, StreamProgress
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from .schedule import RoundRobinSchedule, SamplerSchedule
 from .session import RestartBudget, Session
 from .stats import LoaderStats
 from .supervisor import owned_here
@@ -32,16 +37,28 @@ _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_
              "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts")
 
 
-def _check_map_style(dataset: Any) -> None:
-    torch = sys.modules.get("torch")
-    iterable_type = getattr(getattr(getattr(torch, "utils", None), "data", None), "IterableDataset", None)
-    if iterable_type is not None and isinstance(dataset, iterable_type):
-        raise ValueError("shmload.DataLoader takes map-style datasets (with __getitem__ and __len__); "
-                         f"{type(dataset).__name__} is a torch IterableDataset, which is not supported yet")
+def _classify(dataset: Any) -> tuple[Any, bool]:
+    """(the dataset to load from, whether it is read as a stream): a map-style dataset as
+    it is, an iterable source as it is, a generator function wrapped (iterable.py)."""
+    if not hasattr(dataset, "__getitem__") or is_iterable_source(dataset):
+        dataset = as_source(dataset)
+        if hasattr(dataset, "__iter__"):
+            return dataset, True
     missing = [m for m in ("__getitem__", "__len__") if not hasattr(dataset, m)]
     if missing:
-        raise TypeError(f"dataset should be a map-style dataset with __getitem__ and __len__, but "
+        raise TypeError(f"dataset should be a map-style dataset (with __getitem__ and __len__), an iterable "
+                        f"source (with __iter__) or a function returning an iterator, but "
                         f"{type(dataset).__name__} has no {' or '.join(missing)}")
+    return dataset, False
+
+
+def _check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """An iterable source decides its own order: as torch, refuse the options that order."""
+    for name, value in (("shuffle", shuffle), ("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if value not in (None, False):
+            raise ValueError(f"DataLoader with an iterable source: expected unspecified {name} option, but got "
+                             f"{name}={value!r}. A stream is read in its own order; shuffle inside it "
+                             "(for example with a shuffle buffer), or give a map-style dataset")
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -57,11 +74,43 @@ class _Sessions:
         self.live: weakref.WeakSet[Session] = weakref.WeakSet()
         self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
         self.profile = Profile()  # always on: see profile.py and loader.stats()
+        self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
 
     def close(self) -> None:
         for session in list(self.live):
             session.close()
         self.persistent = None
+
+
+class _Unsaveable(NamedTuple):
+    """What the loader keeps instead of a state when the order's source has none."""
+
+    reason: str
+
+
+def _capture(source: Any) -> Any:
+    """The state of the sampler (or batch sampler) that fixes the epoch's order."""
+    try:
+        _check_resumable(source)
+    except TypeError as exc:
+        return _Unsaveable(str(exc))
+    return source.state_dict()
+
+
+def _saved(state: Any) -> Any:
+    if type(state) is _Unsaveable:
+        raise TypeError(f"DataLoader.state_dict(): {state.reason}")
+    return state
+
+
+def _check_resumable(source: Any) -> None:
+    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(source, m, None))]
+    if missing:
+        raise TypeError(
+            f"the sampler {type(source).__name__} has no {' or '.join(missing)}, which exact resume needs to "
+            "re-create the epoch's order. Give it both (state_dict() returning what fixes the order of its next "
+            "iter(), such as its seed and epoch), or use shmload's SequentialSampler, RandomSampler or "
+            "DistributedSampler, which have them")
 
 
 class DataLoader:
@@ -80,7 +129,10 @@ class DataLoader:
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None, max_worker_restarts: int = 0):
-        _check_map_style(dataset)
+        user_dataset = dataset
+        dataset, iterable = _classify(dataset)
+        if iterable:
+            _check_stream_options(shuffle, sampler, batch_sampler)
         check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
         check_int("seed", seed, 0, allow_none=True)
         for name, flag in (("persistent_workers", persistent_workers), ("drop_last", drop_last)):
@@ -112,15 +164,28 @@ class DataLoader:
 
         self.seed = int(seed) if seed is not None else seeding.draw_base_seed(generator)
         self._own_sampler = sampler is None
-        if sampler is None:
-            sampler = RandomSampler(dataset, self.seed) if shuffle else SequentialSampler(dataset)
         auto_batch = batch_size is not None or batch_sampler is not None
-        if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        # What fixes the epoch's order, and whose state resume saves (resume.py)
+        order_source = batch_sampler if batch_sampler is not None else sampler
+        if type(order_source) is BatchSampler:
+            order_source = order_source.sampler  # ours has no state of its own
+        if iterable:
+            order_source = None  # the source orders itself
+        else:
+            if sampler is None:
+                sampler = RandomSampler(dataset, self.seed) if shuffle else SequentialSampler(dataset)
+            if order_source is None:
+                order_source = sampler
+            if batch_size is not None and batch_sampler is None:
+                batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         if collate_fn is None and auto_batch:
             collate_fn = default_collate
 
-        self.dataset = dataset
+        self.dataset = user_dataset
+        self._source = dataset  # the dataset, or a generator function's GeneratorSource
+        self._iterable = iterable
+        self._order_source = order_source
+        self._rank = current_rank(sampler)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -144,6 +209,8 @@ class DataLoader:
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
         self._next_epoch = 0
+        self._resume: dict | None = None  # a loaded state, for the next iter()
+        self._progress: Any = None  # the latest epoch's record (resume.py), kept when its iterator is gone
         self._sessions = _Sessions()
         self._finalizer = weakref.finalize(self, _Sessions.close, self._sessions)
         self._initialized = True
@@ -164,13 +231,14 @@ class DataLoader:
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
             collate_fn = self.collate_fn
             self._cfg = LoaderConfig(
-                dataset=self.dataset, auto_batch=self._auto_batch,
+                dataset=self._source, auto_batch=self._auto_batch,
                 collate_fn=None if collate_fn is default_collate else collate_fn,
                 num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
                 persistent_workers=self.persistent_workers, timeout=float(self.timeout),
                 worker_init_fn=self.worker_init_fn, in_order=self.in_order, seed=self.seed,
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
-                max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts)
+                max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
+                rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last)
         return self._cfg
 
     def _check_settings(self) -> None:
@@ -200,12 +268,14 @@ class DataLoader:
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        if self._own_sampler and isinstance(self.sampler, RandomSampler):
-            self.sampler.set_epoch(epoch)
+        resume, self._resume = self._resume, None
+        epoch = resume["epoch"] if resume is not None else self._next_epoch
+        self._next_epoch = epoch + 1
         cfg = self._config()
-        batches = iter(self.batch_sampler) if cfg.auto_batch else iter(self.sampler)
+        if cfg.iterable:
+            schedule, progress = self._stream_plan(cfg, resume)
+        else:
+            schedule, progress = self._sampler_plan(epoch, resume)
         length = self._length()
         sessions = self._sessions
         if sessions.persistent is not None and not owned_here(sessions.persistent.owner_pid):
@@ -215,15 +285,62 @@ class DataLoader:
             sessions.persistent.close()  # settings changed since its workers started
             sessions.persistent = None
         if cfg.num_workers == 0:
-            return SingleProcessEpoch(cfg, batches, epoch, length, sessions.profile)
-        if cfg.persistent_workers:
+            if cfg.iterable and sessions.stream is None:
+                sessions.stream = Stream(cfg.dataset)  # reset_state(), once per loader
+            it: Any = SingleProcessEpoch(cfg, schedule, progress, epoch, length, sessions.profile, sessions.stream)
+        elif cfg.persistent_workers:
             if sessions.persistent is None or sessions.persistent.closed:
                 sessions.persistent = Session(cfg, sessions.restarts, sessions.profile)
                 sessions.live.add(sessions.persistent)
-            return MultiprocessEpoch(cfg, sessions.persistent, False, batches, epoch, length, self, sessions.profile)
-        session = Session(cfg, sessions.restarts, sessions.profile)
-        sessions.live.add(session)
-        return MultiprocessEpoch(cfg, session, True, batches, epoch, length, self, sessions.profile)
+            it = MultiprocessEpoch(cfg, sessions.persistent, False, schedule, progress, epoch, length, self,
+                                   sessions.profile)
+        else:
+            session = Session(cfg, sessions.restarts, sessions.profile)
+            sessions.live.add(session)
+            it = MultiprocessEpoch(cfg, session, True, schedule, progress, epoch, length, self, sessions.profile)
+        progress.epoch = epoch
+        self._progress = progress
+        return it
+
+    def _sampler_plan(self, epoch: int, resume: dict | None) -> tuple[SamplerSchedule, BatchProgress]:
+        """The epoch's batches, from the position a loaded state says. The sampler's state
+        is taken now, before the first batch is pulled (see resume.py)."""
+        source = self._order_source
+        if resume is not None:
+            source.load_state_dict(resume["sampler"])
+        if self._own_sampler and isinstance(self.sampler, RandomSampler):
+            self.sampler.set_epoch(epoch)  # the loader's epoch decides its own sampler's
+        sampler_state = _capture(source)
+        start = resume["next_batch"] if resume is not None else 0
+        skip = frozenset(resume["delivered_beyond"]) if resume is not None else frozenset()
+        if isinstance(self.batch_sampler, BatchSampler):
+            batches = self.batch_sampler.batches_from(start)
+        else:
+            batches = itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
+        progress = BatchProgress(start, skip, sampler_state)
+        return SamplerSchedule(batches, start, skip), progress
+
+    def _stream_plan(self, cfg: LoaderConfig, resume: dict | None) -> tuple[RoundRobinSchedule, StreamProgress]:
+        streams = max(1, cfg.num_workers)
+        progress = StreamProgress(streams)
+        if resume is None:
+            return RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last), progress
+        saved = len(resume["streams"])
+        if saved != streams:
+            self._resume = resume  # still to be used, once num_workers is right
+            raise ValueError(
+                f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
+                f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={cfg.num_workers}: each "
+                "worker reads its own shard of the stream, so resume with the same number of workers")
+        for w, s in enumerate(resume["streams"]):
+            progress.draws[w], progress.states[w] = s["draws"], s["state"]
+            if s["ended"]:
+                progress.ended.add(w)
+        progress.next_worker = resume["next_worker"]
+        schedule = RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last, draws=progress.draws,
+                                      ended=progress.ended, first=progress.next_worker,
+                                      restores=_resume.restores(resume))
+        return schedule, progress
 
     def _length(self) -> int | None:
         try:
@@ -232,7 +349,57 @@ class DataLoader:
             return None
 
     def __len__(self) -> int:
+        if self._iterable:
+            n = len(self._source)  # TypeError if the source has no len(), as in torch
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return len(self.batch_sampler) if self.batch_sampler is not None else len(self.sampler)
+
+    # ------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        """Where the loader is: at an epoch's start or in the middle of one (the latest
+        ``iter()``), for :meth:`load_state_dict` in a new loader, with any ``num_workers``
+        (for an iterable source: the same). Small, and JSON-serializable when the
+        sampler's (or source's) own state is; see docs/api.md."""
+        if self._resume is not None:
+            return self._resume  # loaded, not used yet
+        current = self._progress
+        live = current is not None and not current.finished
+        if self._iterable:
+            if live:
+                missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(self._source, m, None))]
+                if missing:
+                    raise TypeError(
+                        f"DataLoader.state_dict(): the iterable source {type(self._source).__name__} has no "
+                        f"{' or '.join(missing)}, which saving a position in the middle of an epoch needs (a "
+                        "stream cannot be re-read to find it). Give it both: state_dict() returning where its "
+                        "iteration is, load_state_dict(state) making the next iter() continue from there. "
+                        "Saving between epochs needs neither")
+                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current)
+            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None)
+        if live:
+            return _resume.map_state(current.epoch, self.seed, _saved(current.sampler_state), current)
+        if self._own_sampler and isinstance(self.sampler, RandomSampler):
+            self.sampler.set_epoch(self._next_epoch)
+        return _resume.map_state(self._next_epoch, self.seed, _saved(_capture(self._order_source)), None)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` (from :meth:`state_dict`) was saved: the next ``iter()``
+        yields the rest of the saved epoch, bit-identical to an uninterrupted run (with
+        ``in_order=False``: every batch not delivered before the save, once each, in
+        any order); later ones the epochs after it. Sets this loader's seed to the
+        saved one. Epoch iterators already running are not changed."""
+        state = _resume.check(state, "iterable" if self._iterable else "map")
+        check_int("seed", state["seed"], 0)
+        if not self._iterable:
+            _check_resumable(self._order_source)
+        elif any(s["state"] is not None for s in state["streams"]):
+            _check_resumable(self._source)
+        if state["seed"] != self.seed:
+            self.seed = int(state["seed"])
+        self._resume = state
+        self._next_epoch = int(state["epoch"])
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` epoch ``epoch`` (later ones continue epoch+1, ...); also

@@ -10,7 +10,10 @@ containers, and they cannot carry file descriptors.
 Main -> worker: :class:`Attach` (+ fd), :class:`Detach`, :class:`AttachBoard` (+ fd),
 :class:`Task`, :class:`Reassign`, :class:`Shutdown`.
 Worker -> main: :class:`Ready`, :class:`StartupFailed`, :class:`Done`,
-:class:`NeedSpace`, :class:`Failed`.
+:class:`NeedSpace`, :class:`Failed`, :class:`Exhausted`.
+
+A task loads either a batch of dataset indices (map-style) or a :class:`Draw`: the next
+batch of the worker's own stream (an iterable source, see ``iterable.py``).
 
 ``iteration`` numbers each ``iter()`` of a session, so results of an abandoned epoch
 (``break`` with persistent workers) are recognised and dropped.
@@ -54,13 +57,37 @@ class Detach(NamedTuple):
     segment: int
 
 
+class Restore(NamedTuple):
+    """Where a worker's stream starts: after ``draws`` draws, with the source's
+    ``state_dict()`` then (None: re-iterate from the start and skip ``draws`` draws)."""
+
+    draws: int
+    state: Any
+
+
+class Draw(NamedTuple):
+    """Draw number ``number`` (counted from 0 each epoch) of this worker's stream: up to
+    ``size`` samples (None: one sample, unbatched); a short last batch is dropped if
+    ``drop_last``. ``restore`` is set on the first draw a worker gets of an epoch that
+    does not start at the stream's beginning (exact resume, a restarted worker)."""
+
+    worker: int
+    number: int
+    size: int | None
+    drop_last: bool
+    restore: Restore | None = None
+
+    def describe(self) -> str:
+        return f"draw {self.number} of worker {self.worker}'s stream"
+
+
 class Task(NamedTuple):
     """Load one batch and write it into ``slot`` (None while the slot size is unknown)."""
 
     iteration: int
     epoch: int
     seq: int
-    indices: Any  # list of ints, or one int with batch_size=None
+    indices: Any  # list of ints, one int with batch_size=None, or a Draw
     slot: SlotRef | None
 
 
@@ -87,12 +114,21 @@ class StartupFailed(NamedTuple):
     error: RemoteError
 
 
+class StreamPoint(NamedTuple):
+    """An iterable source's position after a draw: draws made so far this epoch, and its
+    ``state_dict()`` then (None if it has none)."""
+
+    draws: int
+    state: Any
+
+
 class Done(NamedTuple):
     """The batch is in its slot (or, if it holds no arrays, needs none)."""
 
     iteration: int
     seq: int
     layout: bytes  # the pickled Layout, loaded by the session where a failure can be reported
+    stream: StreamPoint | None = None  # for a Draw
 
 
 class NeedSpace(NamedTuple):
@@ -108,3 +144,12 @@ class Failed(NamedTuple):
     iteration: int
     seq: int
     error: RemoteError
+    stream: StreamPoint | None = None  # for a Draw
+
+
+class Exhausted(NamedTuple):
+    """The worker's stream ended before this :class:`Draw` (or left only a short batch,
+    dropped by ``drop_last``): no batch, and none will follow this epoch."""
+
+    iteration: int
+    seq: int

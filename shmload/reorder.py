@@ -1,7 +1,8 @@
 """Reorder: hand results to the consumer in sampler order, whatever order workers finish in.
 
 Pure data structure. Every sequence number must be announced with :meth:`expect` when its
-task is dispatched (in increasing order), and must then be :meth:`put` exactly once. A
+task is dispatched (in increasing order, gaps allowed), and must then be :meth:`put`
+exactly once. A
 result for a number that was never expected, or that arrives twice, is a bug somewhere
 upstream and raises instead of being silently dropped or duplicated.
 """
@@ -25,9 +26,11 @@ class ReorderBuffer:
         self._order: deque[int] = deque()  # delivery order: by seq, or by arrival
 
     def expect(self, seq: int) -> None:
-        if seq != self._next_expected:
-            raise ReorderError(f"expected seq {self._next_expected} to be dispatched next, got {seq}")
-        self._next_expected += 1
+        """Announce ``seq``. Numbers increase; a resumed epoch may skip some (batches
+        delivered before the save)."""
+        if seq < self._next_expected:
+            raise ReorderError(f"expected seq {self._next_expected} or later to be dispatched next, got {seq}")
+        self._next_expected = seq + 1
         self._waiting.add(seq)
         if self.in_order:
             self._order.append(seq)

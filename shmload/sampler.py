@@ -4,10 +4,17 @@ They run in the main process only, and are pure: no processes, no shared memory.
 The semantics follow ``torch.utils.data`` (``SequentialSampler``, ``RandomSampler``,
 ``BatchSampler``), except that :class:`RandomSampler` draws its order from a seed and an
 epoch instead of a global generator, so an epoch's order can be reproduced exactly.
+
+Every sampler here has ``state_dict()``/``load_state_dict()`` (what the loader's exact
+resume needs, see ``resume.py``): the state *between* epochs, which fixes the order of
+the next ``iter()``. It is small and JSON-serializable, and records ``len(data_source)``
+so that loading it over a dataset of another size fails instead of resuming a
+different order.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator, Sized
 
 import numpy as np
@@ -16,11 +23,34 @@ from . import seeding
 from ._checks import check_int
 
 
+def check_state(sampler: Any, state: Any, keys: tuple[str, ...]) -> dict:
+    """``state`` as saved by ``sampler``'s class over a data source of the same length."""
+    name = type(sampler).__name__
+    if not isinstance(state, dict) or not set(keys) <= set(state):
+        raise ValueError(f"{name}.load_state_dict expected a dict with keys {list(keys)} (from "
+                         f"{name}.state_dict()), but got {state!r}")
+    n = len(sampler.data_source)
+    if state["length"] != n:
+        raise ValueError(f"{name}.load_state_dict: the state was saved over a dataset of {state['length']} "
+                         f"samples, but this one has {n}")
+    return state
+
+
 class SequentialSampler:
     """Indices ``0, 1, ..., len(data_source) - 1``."""
 
+    # ``_order()`` returns the epoch's indices as one array, which BatchSampler slices.
+    # Looked up in the class's own __dict__: a subclass may change __iter__.
+    _array_order = True
+
     def __init__(self, data_source: Sized):
         self.data_source = data_source
+
+    def state_dict(self) -> dict:
+        return {"length": len(self.data_source)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(self, state, ("length",))
 
     def _order(self) -> np.ndarray:
         return np.arange(len(self.data_source))
@@ -39,6 +69,8 @@ class RandomSampler:
     shuffled differently; ``set_epoch(n)`` chooses the epoch of the next ``iter()``.
     """
 
+    _array_order = True  # see SequentialSampler
+
     def __init__(self, data_source: Sized, seed: int = 0):
         check_int("seed", seed, 0)
         self.data_source = data_source
@@ -53,6 +85,15 @@ class RandomSampler:
         order = seeding.permutation(self.seed, self.epoch, len(self.data_source))
         self.epoch += 1
         return order
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "length": len(self.data_source)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_state(self, state, ("seed", "epoch", "length"))
+        check_int("seed", state["seed"], 0)
+        self.seed = int(state["seed"])
+        self.set_epoch(state["epoch"])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._order().tolist())
@@ -76,14 +117,22 @@ class BatchSampler:
         self.drop_last = drop_last
 
     def __iter__(self) -> Iterator[list[int]]:
-        if type(self.sampler) in (SequentialSampler, RandomSampler):
+        return self.batches_from(0)
+
+    def batches_from(self, first: int) -> Iterator[list[int]]:
+        """The batches of one epoch (one ``iter()`` of the sampler), from batch ``first``
+        on: a resumed epoch skips the batches delivered before the save."""
+        if type(self.sampler).__dict__.get("_array_order"):
             # our own samplers (not subclasses, whose __iter__ may differ): slice one index
             # array instead of a Python loop per index
             indices = self.sampler._order()
             stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
-            for start in range(0, stop, self.batch_size):
+            for start in range(first * self.batch_size, stop, self.batch_size):
                 yield indices[start:start + self.batch_size].tolist()
             return
+        yield from itertools.islice(self._batches(), first, None)
+
+    def _batches(self) -> Iterator[list[int]]:
         batch: list[int] = []
         for index in self.sampler:
             batch.append(index)
@@ -96,3 +145,4 @@ class BatchSampler:
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+

@@ -51,15 +51,23 @@ def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng(sequence(seed, epoch, SAMPLER_STREAM)).permutation(n)
 
 
-def batch_seed(seed: int, epoch: int, position: int) -> int:
-    """The 64-bit seed of one batch's global RNGs."""
-    key = b"%d:%d:%d" % (seed, epoch, position)
+def batch_seed(seed: int, epoch: int, position: int, rank: int = 0) -> int:
+    """The 64-bit seed of one batch's global RNGs. ``rank`` is the process's rank in a
+    distributed job: ranks whose loaders share a seed still augment differently (with
+    one seed for all, batch 5 of every rank would get the same crops and flips)."""
+    key = b"%d:%d:%d:%d" % (seed, epoch, position, rank)
     return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"shmload-batch").digest(), "little")
 
 
-def seed_globals(seed: int, epoch: int, position: int) -> None:
+def stream_position(draw: int, worker: int, streams: int) -> int:
+    """The seed position of an iterable source's draw: fixed by the worker and its draw
+    number, not by the delivery order (which depends on when streams end)."""
+    return draw * streams + worker
+
+
+def seed_globals(seed: int, epoch: int, position: int, rank: int = 0) -> None:
     """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch."""
-    value = batch_seed(seed, epoch, position)
+    value = batch_seed(seed, epoch, position, rank)
     random.seed(value)
     np.random.seed(value & 0xFFFFFFFF)
     torch = sys.modules.get("torch")

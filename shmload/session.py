@@ -35,8 +35,9 @@ from .config import LoaderConfig
 from .dispatch import Dispatcher, prefetch_depth
 from .layout import ObjectValue
 from .errors import (RingFullError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError,
-                     format_bytes, format_indices)
-from .messages import Attach, AttachBoard, Detach, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
+                     describe_load, format_bytes)
+from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign, Restore,
+                       StartupFailed, StreamPoint, Task)
 from .profile import cpu_seconds
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, shm_free_bytes
@@ -48,11 +49,20 @@ class Loaded(NamedTuple):
     seq: int
     slot: Slot | None  # None: the batch holds no array bytes
     layout: Any
+    stream: tuple[int, StreamPoint] | None = None  # a draw's worker and its stream's position after it
 
 
 class LoadFailed(NamedTuple):
     seq: int
     error: BaseException
+    stream: tuple[int, StreamPoint] | None = None
+
+
+class Ended(NamedTuple):
+    """A draw found ``worker``'s stream ended: no batch at this position."""
+
+    seq: int
+    worker: int
 
 
 class _InFlight(NamedTuple):
@@ -90,6 +100,9 @@ class Session:
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
         self._layouts: dict[bytes, Any] = {}  # see _layout()
         self._carried: list = []  # results read by a poll() that then raised (see poll())
+        # For an iterable source: each worker's stream position after its last finished
+        # draw of this iteration, where a restarted worker takes up its stream (_restart).
+        self._stream_points: dict[int, StreamPoint] = {}
         if cfg.max_shm_bytes is not None:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
@@ -101,7 +114,7 @@ class Session:
         self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
         self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
         try:
-            self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.auto_batch,
+            self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
                                          UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
         except BaseException:
             self._close_board()
@@ -170,20 +183,21 @@ class Session:
             self.supervisor.send(wid, Reassign(need.iteration, need.seq, None))
         self._space_wanted.clear()
         self._space_error = None
+        self._stream_points.clear()
         return self.iteration
 
     def collect_releases(self) -> None:
         for slot in self.releases.drain():
             self.ring.release(slot)
 
-    def try_dispatch(self, epoch: int, seq: int, indices: Any) -> bool:
-        """Send one batch to a worker. False if no worker has room, no slot is free, or a
-        worker is waiting for a larger slot."""
+    def try_dispatch(self, epoch: int, seq: int, indices: Any, worker: int | None = None) -> bool:
+        """Send one batch to ``worker`` (None: the least busy one). False if that worker
+        (every worker) is full, no slot is free, or a worker is waiting for a larger slot."""
         self.collect_releases()
         self._serve_space_wanted()
         if self._space_wanted:
             return False
-        wid = self.dispatcher.pick()
+        wid = self.dispatcher.pick() if worker is None else worker if self.dispatcher.has_room(worker) else None
         if wid is None:
             return False
         slot = None
@@ -332,7 +346,7 @@ class Session:
                 raise
         return results
 
-    def _handle(self, wid: int, msg: Any) -> Loaded | LoadFailed | None:
+    def _handle(self, wid: int, msg: Any) -> Loaded | LoadFailed | Ended | None:
         kind = type(msg)
         if kind is Ready:
             self.supervisor.workers[wid].ready = True
@@ -355,23 +369,30 @@ class Session:
                 self._space_wanted.append((wid, msg))  # served by the next poll() or try_dispatch()
             return None
         entry = self.dispatcher.complete(wid, key)
-        if stale or kind is Failed:
+        if stale or kind is not Done:
             self._give_back(entry.slot)
             if stale:
                 return None
+            if kind is Exhausted:
+                return Ended(msg.seq, wid)
+        stream = None
+        if msg.stream is not None:
+            self._stream_points[wid] = msg.stream
+            stream = (wid, msg.stream)
+        if kind is Failed:
             where = (f"in DataLoader worker process {wid} while loading batch {msg.seq} "
-                     f"(dataset indices {format_indices(entry.task.indices)})")
-            return LoadFailed(msg.seq, msg.error.rebuild(where))
+                     f"({describe_load(entry.task.indices)})")
+            return LoadFailed(msg.seq, msg.error.rebuild(where), stream)
         try:
             layout = self._layout(msg.layout)
         except Exception as exc:
             self._give_back(entry.slot)
             return LoadFailed(msg.seq, WorkerError(
                 f"batch {msg.seq} from DataLoader worker process {wid} could not be unpickled in the main "
-                f"process ({type(exc).__name__}: {exc}): its non-array values must be importable here too"))
+                f"process ({type(exc).__name__}: {exc}): its non-array values must be importable here too"), stream)
         if entry.slot is not None:
             entry.slot.state = SlotState.READY
-        return Loaded(msg.seq, entry.slot, layout)
+        return Loaded(msg.seq, entry.slot, layout, stream)
 
     def _layout(self, data: bytes) -> Any:
         """Unpickle a batch's layout. Batches of one dataset mostly share theirs, so layouts
@@ -406,12 +427,15 @@ class Session:
         self._send_board(h.id)  # it carries on the dead worker's row
         for seg in self.ring.segments():
             self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
+        restore = self._restore_point(h.id)
         for entry in held:
             task = entry.task
             if task.iteration != self.iteration:  # an abandoned epoch's batch: drop it
                 self.dispatcher.complete(h.id, (task.iteration, task.seq))
                 self._give_back(entry.slot)
                 continue
+            if restore is not None and type(task.indices) is Draw:  # the first draw takes up the stream
+                task, restore = task._replace(indices=task.indices._replace(restore=restore)), None
             self.supervisor.send(h.id, task._replace(slot=entry.slot.ref if entry.slot is not None else None))
         seqs = [e.task.seq for e in held if e.task.iteration == self.iteration]
         lost = ("no batch" if not seqs else f"batch {seqs[0]}" if len(seqs) == 1 else
@@ -420,6 +444,16 @@ class Session:
             f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly; started "
             f"pid {new.pid} in its place (restart {self.restarts.used} of max_worker_restarts="
             f"{self.cfg.max_worker_restarts}) and sent it {lost} again.", ShmloadWarning, stacklevel=2)
+
+    def _restore_point(self, wid: int) -> Restore | None:
+        """Where worker ``wid``'s replacement takes up an iterable source's stream: from the
+        source's state after the dead worker's last finished draw, if the source has a
+        ``state_dict``; else (None) it re-reads the stream from the start and skips the
+        draws made (the same batches again if the stream is deterministic)."""
+        point = self._stream_points.get(wid)
+        if point is None or point.state is None:
+            return None
+        return Restore(point.draws, point.state)
 
     def _raise_death(self, h: Any) -> None:
         held = self.dispatcher.held_by(h.id)
@@ -431,7 +465,7 @@ class Session:
                 "before it could report an error; see its output above (an import error under spawn "
                 "or forkserver is a common cause)")
         doing = ("; it was loading " + ", ".join(
-            f"batch {e.task.seq} (dataset indices {format_indices(e.task.indices)})" for e in held)) if held else ""
+            f"batch {e.task.seq} ({describe_load(e.task.indices)})" for e in held)) if held else ""
         if self.cfg.max_worker_restarts:
             restarts = f" All {self.cfg.max_worker_restarts} restarts allowed (max_worker_restarts) were used."
         else:
@@ -449,8 +483,8 @@ class Session:
         for h in self.supervisor.workers:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
-                    indices = format_indices(entry.task.indices)
-                    return f"worker {h.id} (pid {h.pid}) is loading dataset indices {indices}"
+                    what = describe_load(entry.task.indices)
+                    return f"worker {h.id} (pid {h.pid}) is loading {what}"
         held = len(self.ring.slots_in(SlotState.HELD))
         return f"it is not dispatched yet: no ring slot is free (the consumer holds {held} batches)"
 

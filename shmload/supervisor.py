@@ -72,7 +72,7 @@ def _pickled_user_code(user: UserCode, method: str) -> bytes:
 
 
 class Supervisor:
-    def __init__(self, ctx: Any, num_workers: int, seed: int, auto_batch: bool, user: UserCode):
+    def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode):
         _platform.check_supported()
         if multiprocessing.current_process().daemon:
             raise ShmloadError(
@@ -84,7 +84,7 @@ class Supervisor:
         self._deferred: set[WorkerHandle] = set()  # channels with messages waiting for flush()
         method = ctx.get_start_method()
         payload = user if method == "fork" else _pickled_user_code(user, method)
-        self._args = WorkerArgs(0, num_workers, seed, auto_batch, payload, None)
+        self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
         try:
             for wid in range(num_workers):

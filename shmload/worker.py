@@ -42,8 +42,9 @@ from . import seeding
 from .errors import RemoteError, WorkerError
 from .channel import Inbox
 from .fetch import check_indices, fetch
-from .messages import (Attach, AttachBoard, Detach, Done, Failed, NeedSpace, Ready, Reassign, Shutdown, SlotRef,
-                       StartupFailed, Task)
+from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
+from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign,
+                       Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
 from .shm import AttachedSegment
 from .stream import MIN_SAMPLE_BYTES, StreamedBatch
 
@@ -81,6 +82,7 @@ class WorkerArgs(NamedTuple):
     worker_id: int
     num_workers: int
     seed: int
+    rank: int
     auto_batch: bool
     user: UserCode | bytes  # bytes: pickled in the main process (spawn, forkserver)
     conn: Any  # this worker's end of its socket to the main process
@@ -88,6 +90,7 @@ class WorkerArgs(NamedTuple):
 
 class _ParentGone(Exception):
     pass
+
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -132,6 +135,9 @@ class _WorkerLoop:
         self.fetch_s = self.collate_s = 0.0
         self.nbytes = 0
         self.recording: tuple[Task, float, float] | None = None  # the batch being loaded, see record()
+        self.samples = 0  # samples in the batch being loaded
+        self.stream: Stream | None = None  # an iterable source's (iterable.py)
+        self.torch_info = False  # has torch's get_worker_info() been told about this worker?
         self.inbox = Inbox(self.conn.fileno())
         # One poll object for the worker's life: Connection.poll() builds a selector per
         # call, ~10 us a batch.
@@ -145,13 +151,23 @@ class _WorkerLoop:
         try:
             self.user = pickle.loads(a.user) if isinstance(a.user, bytes) else a.user
             _worker_info = WorkerInfo(a.worker_id, a.num_workers, a.seed, self.user.dataset)
+            self.share_info_with_torch()
             if self.user.worker_init_fn is not None:
                 self.user.worker_init_fn(a.worker_id)
+            if is_iterable_source(self.user.dataset):
+                self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
         except Exception as exc:
             self.send(StartupFailed(a.worker_id, RemoteError.capture(exc, traceback.format_exc())))
             return False
         self.send(Ready(a.worker_id, os.getpid()))
         return True
+
+    def share_info_with_torch(self) -> None:
+        """Tell torch's ``get_worker_info()`` too, once torch is imported (checked again at
+        every draw's epoch start: a dataset may import torch late)."""
+        if not self.torch_info:
+            a = self.args
+            self.torch_info = share_worker_info_with_torch(a.worker_id, a.num_workers, a.seed, self.user.dataset)
 
     # ------------------------------------------------------------ messages
     def recv(self) -> Any:
@@ -217,7 +233,7 @@ class _WorkerLoop:
     def load_recorded(self, task: Task, waited_from: float) -> None:
         """Load ``task`` and add its times to this worker's counters (about 2 us)."""
         self.fetch_s = self.collate_s = 0.0
-        self.nbytes = 0
+        self.nbytes = self.samples = 0
         self.recording = (task, waited_from, _clock())
         try:
             self.load(task)
@@ -232,15 +248,18 @@ class _WorkerLoop:
             return
         task, waited_from, started = self.recording
         self.recording = None
-        samples = len(task.indices) if self.args.auto_batch else 1
-        self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), samples,
+        self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), self.samples,
                             self.nbytes)
 
     def load(self, task: Task) -> None:
         a, user = self.args, self.user
+        if type(task.indices) is Draw:
+            self.load_draw(task)
+            return
+        self.samples = len(task.indices) if a.auto_batch else 1
         written = False
         try:
-            seeding.seed_globals(a.seed, task.epoch, task.seq)
+            seeding.seed_globals(a.seed, task.epoch, task.seq, a.rank)
             if self.streams(task):
                 streamed = self.load_streamed(task)
                 if streamed is None:
@@ -259,6 +278,30 @@ class _WorkerLoop:
             self.done(task.iteration, task.seq, plan)
         else:
             self.place(task.iteration, task.seq, plan, task.slot)
+
+    def load_draw(self, task: Task) -> None:
+        """Load the next batch of this worker's stream (an iterable source)."""
+        a, draw = self.args, task.indices
+        if not self.torch_info:
+            self.share_info_with_torch()
+        stream = self.stream
+        try:
+            t0 = _clock()
+            samples = stream.draw(task.iteration, draw, lambda n: seeding.seed_globals(
+                a.seed, task.epoch, seeding.stream_position(n, a.worker_id, a.num_workers), a.rank))
+            if samples is None:
+                self.record()
+                self.send(Exhausted(task.iteration, task.seq))
+                return
+            point = StreamPoint(stream.draws, stream.state())
+            t1 = _clock()
+            self.samples = len(samples) if a.auto_batch else 1
+            plan = _collate.make_plan(samples, None, self.user.collate_fn, a.auto_batch)
+            self.fetch_s, self.collate_s = t1 - t0, _clock() - t1
+        except Exception as exc:
+            self.fail(task.iteration, task.seq, exc, StreamPoint(stream.draws, stream.state_or_none()))
+            return
+        self.place(task.iteration, task.seq, plan, task.slot, point)
 
     def streams(self, task: Task) -> bool:
         """May this batch be fetched and written one sample at a time (see stream.py)?"""
@@ -322,10 +365,12 @@ class _WorkerLoop:
     def slot_array(self, slot: SlotRef):
         return self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
 
-    def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None) -> None:
-        """Write the batch into its slot and report it, or ask for a larger slot."""
+    def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None,
+              stream: StreamPoint | None = None) -> None:
+        """Write the batch into its slot and report it, or ask for a larger slot. (A
+        stream's batch waits here for a larger slot too: it cannot be read again.)"""
         if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
-            self.done(iteration, seq, plan)
+            self.done(iteration, seq, plan, stream)
             return
         slot = self.slot_for(iteration, seq, plan.layout.nbytes, slot)
         if slot is None:
@@ -334,13 +379,13 @@ class _WorkerLoop:
         try:
             _layout.write(plan, _layout.slot_destination(self.slot_array(slot)))
         except Exception as exc:
-            self.fail(iteration, seq, exc)
+            self.fail(iteration, seq, exc, stream)
             return
         finally:
             self.collate_s += _clock() - t
-        self.done(iteration, seq, plan)
+        self.done(iteration, seq, plan, stream)
 
-    def done(self, iteration: int, seq: int, plan: _layout.Plan) -> None:
+    def done(self, iteration: int, seq: int, plan: _layout.Plan, stream: StreamPoint | None = None) -> None:
         try:
             layout = self.pickled_layout(plan.layout)
         except Exception as exc:
@@ -348,11 +393,11 @@ class _WorkerLoop:
                 raise WorkerError("the batch holds a value that cannot be pickled to the main process "
                                   f"(only arrays go through shared memory; other leaves are pickled): {exc}") from exc
             except WorkerError as err:
-                self.fail(iteration, seq, err)
+                self.fail(iteration, seq, err, stream)
             return
         self.nbytes = plan.layout.nbytes
         self.record()
-        self.send(Done(iteration, seq, layout))
+        self.send(Done(iteration, seq, layout, stream))
 
     def pickled_layout(self, layout: _layout.Layout) -> bytes:
         """The layout's pickle, reused while batches keep the same layout. Only layouts of
@@ -366,10 +411,10 @@ class _WorkerLoop:
         self.last_layout = (layout, data)
         return data
 
-    def fail(self, iteration: int, seq: int, exc: BaseException) -> None:
+    def fail(self, iteration: int, seq: int, exc: BaseException, stream: StreamPoint | None = None) -> None:
         error = RemoteError.capture(exc, traceback.format_exc())
         self.record()
-        self.send(Failed(iteration, seq, error))
+        self.send(Failed(iteration, seq, error, stream))
 
     def close(self) -> None:
         for seg in self.segments.values():

@@ -404,3 +404,84 @@ class DeferredDataset:
 
 def ramp(i: int, rows: int = 3) -> np.ndarray:
     return np.arange(i, i + rows * 4, dtype=np.float32).reshape(rows, 4)
+
+
+# ---------------------------------------------------------------- iterable sources
+def _stream_worker() -> tuple[int, int]:
+    from shmload import get_worker_info
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+class WorkerStreams:
+    """An iterable source whose worker w yields ``lengths[w]`` samples (in a num_workers=0
+    loader: ``lengths[0]``). Sample k of worker w has the label ``w * 1000 + k`` and an
+    int16 row of ``width(label)`` values drawn from numpy's global RNG (so a draw made
+    again must be seeded again to match). The label ``fail_at`` raises ValueError; the
+    label ``die_at`` kills the worker the first time (a marker file in ``marker_dir``)."""
+
+    def __init__(self, lengths, fail_at=None, die_at=None, marker_dir=None, how="kill", wide=()):
+        self.lengths, self.fail_at, self.die_at = list(lengths), fail_at, die_at
+        self.marker_dir, self.how, self.wide = marker_dir and str(marker_dir), how, tuple(wide)
+        self.start = 0  # where the next __iter__ starts (load_state_dict of the stateful kind)
+        self.pos = 0
+        self.parent = os.getpid()
+
+    def __iter__(self):
+        w, _ = _stream_worker()
+        start, self.start = self.start, 0
+        self.pos = start
+        for k in range(start, self.lengths[w]):
+            label = w * 1000 + k
+            self.pos = k + 1
+            if label == self.fail_at:
+                raise ValueError(f"bad record {label}")
+            if label == self.die_at and os.getpid() != self.parent and self._first_death():
+                die(self.how)
+            width = 20000 if label in self.wide else 4
+            yield np.full(width, label % 100, np.int16) + np.random.randint(0, 50, width).astype(np.int16), label
+
+    def _first_death(self) -> bool:
+        try:
+            os.close(os.open(os.path.join(self.marker_dir, "died"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
+
+
+class StatefulWorkerStreams(WorkerStreams):
+    """:class:`WorkerStreams` with the state_dict protocol: the position in the stream."""
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["pos"]
+
+
+class DataFlowLike:
+    """A tensorpack-style DataFlow: must be reset_state()'d (once per process) before it is
+    iterated; each reset appends the pid to ``log`` (a file)."""
+
+    def __init__(self, n: int, log):
+        self.n, self.log, self.rng = n, str(log), None
+
+    def reset_state(self) -> None:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        self.rng = np.random.RandomState(7)
+
+    def __iter__(self):
+        if self.rng is None:
+            raise RuntimeError("reset_state() was not called")
+        w, n_workers = _stream_worker()
+        for i in range(w, self.n, n_workers):
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def count_up(n: int):
+    """A generator function: an iterable source of 0..n-1 (every worker reads all of it)."""
+    yield from range(n)

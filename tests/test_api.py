@@ -23,7 +23,7 @@ def test_public_exports_do_not_drift():
         "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
         "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats", "Batched", "DeferredArray",
-        "ImageDecodeError"])
+        "ImageDecodeError", "DistributedSampler", "GeneratorSource"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
 
@@ -95,9 +95,22 @@ def test_defaults_that_torch_refuses_without_workers_are_accepted():
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
-def test_non_map_style_dataset_is_refused():
-    with pytest.raises(TypeError, match=r"map-style dataset with __getitem__ and __len__, but generator has no"):
+def test_a_generator_object_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"the dataset is an iterator \(generator\), which can be read once.*"
+                                        r"Pass a function that makes it"):
         DataLoader((i for i in range(3)))
+
+
+class _SizedOnly:
+    def __len__(self):
+        return 3
+
+
+@pytest.mark.parametrize("dataset,missing", [(object(), "__getitem__ or __len__"), (_SizedOnly(), "__getitem__")])
+def test_a_dataset_that_is_neither_map_style_nor_iterable_is_refused(dataset, missing):
+    with pytest.raises(TypeError, match=r"should be a map-style dataset \(with __getitem__ and __len__\), an "
+                                        rf"iterable source \(with __iter__\).*has no {missing}$"):
+        DataLoader(dataset)
 
 
 def test_multiprocessing_context_object_is_accepted():

@@ -1,0 +1,169 @@
+"""Iterable sources: datasets read as streams (``__iter__``, no ``__getitem__``).
+
+Each worker iterates its own copy of the source: a ``torch.utils.data.IterableDataset``,
+a tensorpack-style DataFlow (whose ``reset_state()`` is called once per worker, before
+its first iteration), or a generator function wrapped by :class:`GeneratorSource`. A
+source shards itself by reading :func:`shmload.get_worker_info` (or torch's, which
+reports the same worker): without that, every worker reads the whole stream, as with
+torch. The main process decides whose batch comes next (``schedule.RoundRobinSchedule``);
+this module is the worker's side: one :class:`Stream` per worker, which turns a
+:class:`~shmload.messages.Draw` into the samples of one batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import sys
+from typing import Any, Callable, Iterator
+
+from .messages import Draw, Restore
+
+
+class GeneratorSource:
+    """An iterable source made by a function: each worker's every epoch iterates
+    ``fn(*args, **kwargs)``. ``length`` (optional) is the number of samples, for ``len()``.
+
+    Pass the function, not a generator object: a generator can be iterated once, by one
+    process. Under the spawn and forkserver start methods ``fn`` must be importable (a
+    module-level function)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, length: int | None = None, **kwargs: Any):
+        if not callable(fn):
+            raise TypeError(f"GeneratorSource needs a function that returns an iterator, but got {fn!r}")
+        self.fn, self.args, self.kwargs, self.length = fn, args, kwargs, length
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fn(*self.args, **self.kwargs))
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError(f"GeneratorSource({getattr(self.fn, '__name__', self.fn)!r}) has no length: "
+                            "pass length= for len()")
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"GeneratorSource({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+def is_iterable_source(dataset: Any) -> bool:
+    """Is ``dataset`` read as a stream? A torch IterableDataset always is (torch's Dataset
+    base class defines a ``__getitem__`` that only raises); otherwise anything with
+    ``__iter__`` and no ``__getitem__``."""
+    torch = sys.modules.get("torch")
+    iterable_type = getattr(getattr(getattr(torch, "utils", None), "data", None), "IterableDataset", None)
+    if iterable_type is not None and isinstance(dataset, iterable_type):
+        return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def as_source(dataset: Any) -> Any:
+    """The dataset, or a generator function wrapped as a :class:`GeneratorSource`; a
+    generator object is refused with the fix."""
+    if inspect.isgenerator(dataset) or (hasattr(dataset, "__next__") and iter(dataset) is dataset):
+        raise TypeError(
+            f"the dataset is an iterator ({type(dataset).__name__}), which can be read once, by one process. "
+            "Pass a function that makes it (DataLoader(make_iter) or shmload.GeneratorSource(make_iter, ...)), "
+            "or an object whose __iter__ starts a fresh iteration")
+    if callable(dataset) and not hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__"):
+        return GeneratorSource(dataset)
+    return dataset
+
+
+class Stream:
+    """One worker's stream over its copy of the source, for one epoch at a time.
+
+    ``seed(number)`` seeds the global RNGs for draw ``number``; the stream calls it for
+    the draws it skips, so a skipped draw consumes the same randomness as when it was
+    first made (a worker restarted without the source's state re-reads up to where its
+    predecessor was)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        reset = getattr(source, "reset_state", None)
+        if callable(reset):  # tensorpack's DataFlow: once per process, before iterating
+            reset()
+        self._epoch_key: Any = None
+        self._it: Iterator[Any] | None = None
+        self._draws = 0  # draws made this epoch
+        self._ended = False
+
+    @property
+    def draws(self) -> int:
+        return self._draws
+
+    def state(self) -> Any:
+        """The source's ``state_dict()`` now, or None if it has none."""
+        state_dict = getattr(self.source, "state_dict", None)
+        return state_dict() if callable(state_dict) else None
+
+    def state_or_none(self) -> Any:
+        """The state after a draw that raised (None if asking raises too)."""
+        try:
+            return self.state()
+        except Exception:
+            return None
+
+    def draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None]) -> Any:
+        """The samples of ``draw`` (a list, or one sample when unbatched), or None if the
+        stream has ended. ``epoch_key`` changes with every epoch: a new key starts a new
+        iteration of the source (where ``draw.restore`` says)."""
+        if epoch_key != self._epoch_key:
+            self._begin(epoch_key, draw.restore)
+        while self._draws < draw.number and not self._ended:  # catch up: see Restore
+            seed(self._draws)
+            try:
+                self._take(draw)
+            except Exception:
+                pass  # reported when the draw was first made
+        if self._draws != draw.number:
+            raise RuntimeError(f"{draw.describe()} came after draw {self._draws - 1}: draws go in order")
+        seed(draw.number)
+        return self._take(draw)
+
+    def _begin(self, epoch_key: Any, restore: Restore | None) -> None:
+        self._epoch_key = epoch_key
+        self._ended = False
+        self._draws = 0
+        if restore is not None and restore.state is not None:
+            self.source.load_state_dict(restore.state)
+            self._draws = restore.draws
+        self._it = iter(self.source)
+
+    def _take(self, draw: Draw) -> Any:
+        self._draws += 1
+        if self._ended:
+            return None
+        try:
+            if draw.size is None:
+                return next(self._it)
+            samples = list(itertools.islice(self._it, draw.size))
+        except StopIteration:
+            self._ended = True
+            return None
+        # (an exception from the source propagates: it is this draw's error, and the next
+        # draw asks the iterator again; a generator that raised is finished, so it ends)
+        if len(samples) < draw.size:
+            self._ended = True  # islice stopped early: the source is exhausted
+            if not samples or draw.drop_last:
+                return None
+        return samples
+
+
+def share_worker_info_with_torch(worker_id: int, num_workers: int, seed: int, dataset: Any) -> bool:
+    """Make ``torch.utils.data.get_worker_info()`` report this shmload worker, so torch
+    IterableDatasets that shard themselves work unchanged. Only if torch is imported
+    already (importing it costs a worker about a second); True once done."""
+    torch = sys.modules.get("torch")
+    worker_module = getattr(getattr(getattr(getattr(torch, "utils", None), "data", None), "_utils", None),
+                            "worker", None)
+    if worker_module is None:
+        return False
+    try:
+        # torch gives each worker base_seed + id; so do we (shmload's own seeds are per batch)
+        info = worker_module.WorkerInfo(id=worker_id, num_workers=num_workers,
+                                        seed=(seed + worker_id) % 2**64, dataset=dataset)
+    except TypeError:
+        return False  # another torch whose WorkerInfo takes other fields: leave it alone
+    worker_module._worker_info = info
+    return True

@@ -1,0 +1,253 @@
+"""Exact resume: ``state_dict()`` in the middle of an epoch, a new loader with any
+``num_workers``, ``load_state_dict()``, and the rest is bit-identical to an
+uninterrupted run, augmentation included (the contract: tests/resume_contract.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from shmload.resume import BatchProgress
+
+from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
+from .resume_contract import assert_resumes_exactly, run
+
+
+class SeededSampler:
+    """A user's sampler with its own state: a permutation from its seed and epoch."""
+
+    def __init__(self, n, seed=0):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
+        self.epoch += 1
+        return iter(order)
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"seed": self.seed, "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.seed, self.epoch = state["seed"], state["epoch"]
+
+
+class EvensFirstBatches(SeededSampler):
+    """A user's batch sampler with state: batches of 3 from a seeded order."""
+
+    def __iter__(self):
+        order = list(super().__iter__())
+        return iter([order[i:i + 3] for i in range(0, self.n, 3)])
+
+    def __len__(self):
+        return -(-self.n // 3)
+
+
+class PlainSampler:
+    """A sampler without state_dict."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+SAMPLERS = {
+    "sequential": lambda ds: dict(batch_size=4),
+    "shuffle": lambda ds: dict(batch_size=4, shuffle=True),
+    "random-sampler": lambda ds: dict(batch_size=4, sampler=RandomSampler(ds, seed=5)),
+    "explicit-sequential": lambda ds: dict(batch_size=3, drop_last=True, sampler=SequentialSampler(ds)),
+    "distributed": lambda ds: dict(batch_size=4, sampler=DistributedSampler(ds, num_replicas=3, rank=1, seed=2)),
+    "user-sampler": lambda ds: dict(batch_size=4, sampler=SeededSampler(len(ds), seed=9)),
+    "user-batch-sampler": lambda ds: dict(batch_sampler=EvensFirstBatches(len(ds), seed=4)),
+    "batch-sampler-object": lambda ds: dict(batch_sampler=BatchSampler(RandomSampler(ds, seed=1), 5, False)),
+    "unbatched": lambda ds: dict(batch_size=None, shuffle=True),
+}
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_resume_is_exact_for_every_sampler_and_worker_count(sampler):
+    """AugmentedDataset draws from Python's and numpy's global RNGs, so this also checks
+    that augmentation randomness resumes exactly."""
+    def make(num_workers, seed):
+        ds = AugmentedDataset()
+        return DataLoader(ds, num_workers=num_workers, seed=seed, timeout=30, **SAMPLERS[sampler](ds))
+    per_epoch = len(make(0, 0))
+    # in the first epoch, in the second, and right after the first epoch's last batch
+    assert_resumes_exactly(make, stops=[3, per_epoch + 2, per_epoch], epochs=2)
+
+
+def test_resume_is_exact_with_persistent_workers_variable_sizes_and_the_torch_like_options(start_method):
+    def make(num_workers, seed):
+        return DataLoader(VariableDataset(30, scale=500), batch_size=None, shuffle=True, num_workers=num_workers,
+                          seed=seed, persistent_workers=num_workers > 0, prefetch_factor=3 if num_workers else None,
+                          timeout=30, multiprocessing_context=start_method if num_workers else None)
+    assert_resumes_exactly(make, stops=[1, 5, 17], epochs=1)
+
+
+def test_resume_across_start_methods(all_start_methods):
+    def make(num_workers, seed):
+        return DataLoader(AugmentedDataset(), batch_size=8, shuffle=True, num_workers=num_workers, seed=seed,
+                          timeout=30, multiprocessing_context=all_start_methods if num_workers else None)
+    assert_resumes_exactly(make, stops=[2], epochs=1, pairs=[(2, 1)])
+
+
+def test_out_of_order_resume_delivers_each_remaining_batch_exactly_once():
+    def make(num_workers, seed):
+        return DataLoader(VariableDataset(48, scale=100), batch_size=None, shuffle=True, num_workers=num_workers,
+                          seed=seed, in_order=False, timeout=30)
+    assert_resumes_exactly(make, stops=[4, 9], epochs=1, in_order=False)
+
+
+def test_batch_progress_records_out_of_order_deliveries_compactly():
+    p = BatchProgress(start=2)
+    for seq in (4, 2, 6, 3):
+        p.delivered(seq)
+    assert (p.next_batch, sorted(p.beyond)) == (5, [6])
+    resumed = BatchProgress(5, frozenset({6}))
+    resumed.delivered(5)
+    assert (resumed.next_batch, resumed.beyond) == (7, set())
+
+
+def test_the_state_is_small_documented_json():
+    loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    assert state == {"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 3, "next_batch": 3,
+                     "delivered_beyond": [], "sampler": {"seed": 3, "epoch": 0, "length": 40}}
+    assert json.loads(json.dumps(state)) == state
+    list(it)
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["next_batch"] == 0
+
+
+def test_loading_sets_the_seed_and_the_next_epoch_and_state_dict_returns_it_until_used():
+    saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=77)
+    loader.load_state_dict(state)
+    assert loader.seed == 3 and loader.state_dict() == state
+    assert len(list(loader)) == 9 and loader.state_dict()["epoch"] == 1
+
+
+def test_a_sampler_without_state_dict_gets_a_clear_error_at_save_time():
+    loader = DataLoader(AugmentedDataset(), batch_size=4, sampler=PlainSampler(40))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match=r"DataLoader.state_dict\(\): the sampler PlainSampler has no state_dict or "
+                                        r"load_state_dict, which exact resume needs.*SequentialSampler, "
+                                        r"RandomSampler or DistributedSampler"):
+        loader.state_dict()
+    with pytest.raises(TypeError, match=r"the sampler PlainSampler has no state_dict or load_state_dict"):
+        loader.load_state_dict({"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 1, "next_batch": 0,
+                                "delivered_beyond": [], "sampler": {}})
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"epoch": 0}, r"expected a dict from DataLoader.state_dict\(\), but got dict \{'epoch': 0\}"),
+    ([1, 2], r"expected a dict from DataLoader.state_dict\(\), but got list"),
+    ({"shmload_loader_state": 99, "kind": "map"}, r"the state has format 99; this version of shmload reads format 1"),
+    ({"shmload_loader_state": 1, "kind": "iterable"}, r"saved by a loader over an iterable dataset, but this "
+                                                       r"loader's dataset is map"),
+    ({"shmload_loader_state": 1, "kind": "map", "epoch": 0}, r"the state has no seed, next_batch, delivered_beyond, "
+                                                             r"sampler"),
+])
+def test_a_state_that_is_not_ours_is_refused_clearly(bad, message):
+    with pytest.raises(ValueError, match=message):
+        DataLoader(AugmentedDataset()).load_state_dict(bad)
+
+
+def test_a_state_saved_over_another_dataset_or_rank_is_refused():
+    small = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=1)
+    state = small.state_dict()
+    other = DataLoader(VariableDataset(30), batch_size=4, shuffle=True)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"RandomSampler.load_state_dict: the state was saved over a dataset of 40 "
+                                         r"samples, but this one has 30"):
+        iter(other)
+    ds = AugmentedDataset()
+    rank1 = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=1))
+    rank0 = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
+    rank0.load_state_dict(rank1.state_dict())
+    with pytest.raises(ValueError, match=r"the state was saved by rank 1 of 2, but this sampler is rank 0 of 2"):
+        iter(rank0)
+
+
+# ---------------------------------------------------------------- iterable sources
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_iterable_resume_is_exact_with_the_sources_state(workers):
+    lengths = [9, 4, 13][:max(1, workers)]
+
+    def make(num_workers, seed):
+        return DataLoader(StatefulWorkerStreams(lengths), batch_size=2, num_workers=num_workers, seed=seed,
+                          timeout=30)
+    per_epoch = len(run(make(workers, 0), 1)[0])
+    stops = [1, 4, per_epoch - 1, per_epoch + 3]
+    # each worker reads its own shard, so a stream's state resumes with the same number of
+    # workers (0 and 1 both read one stream)
+    pairs = [(workers, workers)] + ([(0, 1), (1, 0)] if workers < 2 else [])
+    assert_resumes_exactly(make, stops=stops, epochs=2, pairs=pairs, reference_workers=workers)
+
+
+def test_iterable_resume_needs_the_sources_state_dict_mid_epoch_but_not_between_epochs():
+    loader = DataLoader(WorkerStreams([6]), batch_size=2)
+    assert loader.state_dict()["streams"] == [{"draws": 0, "state": None, "ended": False}]
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match=r"the iterable source WorkerStreams has no state_dict or load_state_dict, "
+                                        r"which saving a position in the middle of an epoch needs"):
+        loader.state_dict()
+    list(it)
+    assert loader.state_dict()["epoch"] == 1
+
+
+def test_iterable_resume_with_another_number_of_workers_is_refused():
+    saved = DataLoader(StatefulWorkerStreams([6, 6]), batch_size=2, num_workers=2, timeout=30)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    del it
+    loader = DataLoader(StatefulWorkerStreams([6, 6, 6]), batch_size=2, num_workers=3)
+    loader.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"the loaded state is of an iterable source read by 2 stream\(s\) "
+                                         r"\(num_workers=2\), but this loader has num_workers=3"):
+        iter(loader)
+    loader.num_workers = 2  # the state waits for a loader that can use it
+    assert len(list(loader)) == 5
+
+
+def test_random_streams_of_python_random_resume_too():
+    """A source drawing from Python's random: its draws are seeded per (worker, draw)."""
+    def make(num_workers, seed):
+        return DataLoader(RandomNumbers(), batch_size=3, num_workers=num_workers, seed=seed, timeout=30)
+    assert_resumes_exactly(make, stops=[2, 5], epochs=1, pairs=[(0, 0), (1, 0), (0, 1)])
+
+
+class RandomNumbers:
+    def __init__(self):
+        self.pos = self.start = 0
+
+    def __iter__(self):
+        for k in range(self.start, 20):
+            self.pos = k + 1
+            yield random.random()
+        self.start = 0
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.start = state["pos"]
