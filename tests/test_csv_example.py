@@ -15,12 +15,13 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from .scripts import describe, run_script
 
 import shmload
 
@@ -97,23 +98,8 @@ def as_lists(batches: list[np.ndarray]) -> list[list[int]]:
 
 # ---------------------------------------------------------------- the script
 def run(args: list[str]) -> subprocess.CompletedProcess:
-    """``python examples/csv_part_files.py *args`` in its own session, killed with its
-    workers if it overruns."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen([sys.executable, EXAMPLE, *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{args} ran for more than {RUN_TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    """``python examples/csv_part_files.py *args``, outside any distributed job."""
+    return run_script([EXAMPLE, *args], RUN_TIMEOUT, RANK=None, WORLD_SIZE=None)
 
 
 def check_fit(stdout: str) -> None:

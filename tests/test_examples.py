@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import subprocess
-import sys
 
 import pytest
+
+from .scripts import describe, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -60,24 +60,7 @@ def cache(tmp_path_factory) -> str:
 
 
 def run(args: list[str], cache: str) -> subprocess.CompletedProcess:
-    """``python *args`` in its own session, the whole group killed if it overruns, so a
-    hung example cannot leave its workers behind."""
-    # PYTHONPATH: the examples import the shmload of this checkout, as the tests do.
-    env = dict(os.environ, SHMLOAD_CACHE=cache, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{args} ran for more than {RUN_TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return run_script(args, RUN_TIMEOUT, SHMLOAD_CACHE=cache)
 
 
 @pytest.mark.torch

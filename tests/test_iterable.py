@@ -4,7 +4,6 @@ errors, deaths, slot growth and shutdown behave as for map-style datasets."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 

@@ -18,11 +18,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
+
+from .scripts import describe, run_script
 
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
 
@@ -57,26 +58,15 @@ def session_processes(sid: int) -> list[psutil.Process]:
 
 
 def run(args: list[str]) -> subprocess.CompletedProcess:
-    """``python *args`` in a session of its own, as the job's only leader: on a timeout the
-    whole session (torchrun, the ranks, their workers) is killed, and after any exit the
-    test fails if a process of it is still alive."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{args} ran for more than {JOB_TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """``python *args`` (run_script), and fail if a process of its session (torchrun, the
+    ranks, their workers) is still alive after it exited."""
+    result = run_script(args, JOB_TIMEOUT, OMP_NUM_THREADS="1")
     deadline = time.monotonic() + 5
-    while (left := session_processes(proc.pid)) and time.monotonic() < deadline:
+    while (left := session_processes(result.session)) and time.monotonic() < deadline:
         time.sleep(0.05)
     if left:
         names = [(p.pid, " ".join(p.cmdline())) for p in left]
-        os.killpg(proc.pid, signal.SIGKILL)  # no other process is in that session
+        os.killpg(result.session, signal.SIGKILL)  # no other process is in that session
         pytest.fail(f"{args} exited but left processes behind: {names}\n{describe(result)}")
     return result
 
@@ -85,9 +75,6 @@ def torchrun(*example_args: str) -> subprocess.CompletedProcess:
     # --standalone: a rendezvous on localhost with a free port torchrun picks itself.
     return run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", DDP_TRAIN, *example_args])
 
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
 def check_report(report: dict, result: subprocess.CompletedProcess, world_size: int, samples: int) -> None:
