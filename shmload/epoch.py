@@ -76,6 +76,7 @@ class SingleProcessEpoch(_Epoch):
         self.epoch, self._length = epoch, length
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
+        self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
 
     def _produce(self) -> Any:
         while True:
@@ -107,7 +108,7 @@ class SingleProcessEpoch(_Epoch):
                         seeding.seed_globals(cfg.seed, self.epoch, seq, cfg.rank)
                         samples = fetch(cfg.dataset, load, cfg.auto_batch)
                     else:
-                        samples = self._stream.draw(self, draw, lambda n: seeding.seed_globals(
+                        samples = self._stream.draw(self._key, draw, lambda n: seeding.seed_globals(
                             cfg.seed, self.epoch, seeding.stream_position(n, 0, 1), cfg.rank))
                         if samples is None:
                             ended = True

@@ -392,6 +392,9 @@ class DataLoader:
         saved one. Epoch iterators already running are not changed."""
         state = _resume.check(state, "iterable" if self._iterable else "map")
         check_int("seed", state["seed"], 0)
+        check_int("epoch", state["epoch"], 0)
+        if not self._iterable:
+            check_int("next_batch", state["next_batch"], 0)
         if not self._iterable:
             _check_resumable(self._order_source)
         elif any(s["state"] is not None for s in state["streams"]):
