@@ -63,7 +63,7 @@ class _Epoch:
 
     def __len__(self) -> int:
         if self._length is None:
-            raise TypeError("this loader's sampler has no len()")
+            raise TypeError("this loader has no len(): its sampler (or iterable source) has none")
         return self._length
 
 
@@ -126,15 +126,24 @@ class SingleProcessEpoch(_Epoch):
             batch = _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
             collate_s = _clock() - t1
             self._nbytes = plan.layout.nbytes
+            self._consumed(seq, draw, point)
             return batch
+        except Exception:
+            # raised at its position: consumed all the same, the next next() goes on. (Not
+            # so a KeyboardInterrupt: a state saved then must still hold this batch.)
+            self._consumed(seq, draw, None)
+            raise
         finally:
-            # delivered or raised: either way, the batch (the draw) is consumed
-            if draw is None:
-                self.progress.delivered(seq)
-            elif not ended:
-                state = point.state if point is not None else self._stream.state_or_none()
-                self.progress.delivered(0, self._stream.draws, state)
-            self._profile.inline.batch(seq, started, started, fetch_s, collate_s, _clock(), samples_n, self._nbytes)
+            if not ended:
+                self._profile.inline.batch(seq, started, started, fetch_s, collate_s, _clock(), samples_n,
+                                           self._nbytes)
+
+    def _consumed(self, seq: int, draw: Draw | None, point: StreamPoint | None) -> None:
+        if draw is None:
+            self.progress.delivered(seq)
+        else:
+            state = point.state if point is not None else self._stream.state_or_none()
+            self.progress.delivered(0, self._stream.draws, state)
 
 
 _ENDED = object()  # _load(): the stream ended, no batch

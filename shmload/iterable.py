@@ -116,19 +116,27 @@ class Stream:
                 self._take(draw)
             except Exception:
                 pass  # reported when the draw was first made
+        if self._ended:  # (also if it ended while catching up: a stream read again may be shorter)
+            self._draws = max(self._draws, draw.number) + 1
+            return None
         if self._draws != draw.number:
             raise RuntimeError(f"{draw.describe()} came after draw {self._draws - 1}: draws go in order")
         seed(draw.number)
         return self._take(draw)
 
     def _begin(self, epoch_key: Any, restore: Restore | None) -> None:
+        """Start the epoch's iteration. If the source cannot start (its ``iter()`` or
+        ``load_state_dict()`` raises), the error is this draw's and the stream is ended:
+        never read on from the previous epoch's iterator."""
         self._epoch_key = epoch_key
-        self._ended = False
+        self._it = None
+        self._ended = True
         self._draws = 0
         if restore is not None and restore.state is not None:
             self.source.load_state_dict(restore.state)
             self._draws = restore.draws
         self._it = iter(self.source)
+        self._ended = False
 
     def _take(self, draw: Draw) -> Any:
         self._draws += 1

@@ -8,6 +8,7 @@ non-default value, never silently ignored.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import numbers
 import weakref
@@ -88,13 +89,14 @@ class _Unsaveable(NamedTuple):
     reason: str
 
 
-def _capture(source: Any) -> Any:
-    """The state of the sampler (or batch sampler) that fixes the epoch's order."""
+def _capture(source: Any, kind: str = "sampler") -> Any:
+    """The state of the sampler (or batch sampler) that fixes the epoch's order: a copy,
+    since the sampler may go on changing the dict it returned."""
     try:
-        _check_resumable(source)
+        _check_resumable(source, kind)
     except TypeError as exc:
         return _Unsaveable(str(exc))
-    return source.state_dict()
+    return copy.deepcopy(source.state_dict())
 
 
 def _saved(state: Any) -> Any:
@@ -103,18 +105,42 @@ def _saved(state: Any) -> Any:
     return state
 
 
-def _check_resumable(source: Any) -> None:
+def _check_resumable(source: Any, kind: str = "sampler") -> None:
     missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(source, m, None))]
-    if missing:
+    if not missing:
+        return
+    if kind == "sampler":
         raise TypeError(
             f"the sampler {type(source).__name__} has no {' or '.join(missing)}, which exact resume needs to "
             "re-create the epoch's order. Give it both (state_dict() returning what fixes the order of its next "
             "iter(), such as its seed and epoch), or use shmload's SequentialSampler, RandomSampler or "
             "DistributedSampler, which have them")
+    raise TypeError(
+        f"the iterable source {type(source).__name__} has no {' or '.join(missing)}, which saving a position "
+        "in the middle of an epoch needs (a stream cannot be re-read to find it). Give it both: state_dict() "
+        "returning where its iteration is, load_state_dict(state) making the next iter() continue from there. "
+        "Saving between epochs needs neither")
+
+
+def _check_unchanged(source: Any, resume: dict, state: Any) -> None:
+    """A position in the middle of an epoch means something only in the saved order: the
+    sampler must not have been moved (by a ``set_epoch`` of another epoch, say) since its
+    state was loaded."""
+    try:
+        same = bool(state == resume["sampler"])
+    except Exception:  # states that do not compare (arrays): nothing to check with
+        return
+    if not same:
+        raise ValueError(
+            f"the sampler {type(source).__name__} changed after load_state_dict(): its state is {state!r}, "
+            f"but the saved position (batch {resume['next_batch']} of epoch {resume['epoch']}) belongs to the "
+            f"saved state {resume['sampler']!r}. Do not move the sampler (set_epoch of another epoch) between "
+            "load_state_dict() and iter()")
 
 
 class DataLoader:
-    """Loads batches from a map-style dataset with worker processes writing into shared memory.
+    """Loads batches from a map-style dataset (or an iterable source) with worker processes
+    writing into shared memory.
 
     See the README's API table for every argument; those shared with
     ``torch.utils.data.DataLoader`` mean what they mean there. Yielded arrays are views
@@ -268,6 +294,14 @@ class DataLoader:
 
     # ------------------------------------------------------------ iteration
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
+        resume, next_epoch = self._resume, self._next_epoch
+        try:
+            return self._begin_epoch()
+        except BaseException:
+            self._resume, self._next_epoch = resume, next_epoch  # a retry starts this epoch again
+            raise
+
+    def _begin_epoch(self) -> SingleProcessEpoch | MultiprocessEpoch:
         resume, self._resume = self._resume, None
         epoch = resume["epoch"] if resume is not None else self._next_epoch
         self._next_epoch = epoch + 1
@@ -306,11 +340,11 @@ class DataLoader:
         """The epoch's batches, from the position a loaded state says. The sampler's state
         is taken now, before the first batch is pulled (see resume.py)."""
         source = self._order_source
-        if resume is not None:
-            source.load_state_dict(resume["sampler"])
         if self._own_sampler and isinstance(self.sampler, RandomSampler):
             self.sampler.set_epoch(epoch)  # the loader's epoch decides its own sampler's
         sampler_state = _capture(source)
+        if resume is not None and (resume["next_batch"] or resume["delivered_beyond"]):
+            _check_unchanged(source, resume, sampler_state)
         start = resume["next_batch"] if resume is not None else 0
         skip = frozenset(resume["delivered_beyond"]) if resume is not None else frozenset()
         if isinstance(self.batch_sampler, BatchSampler):
@@ -368,37 +402,49 @@ class DataLoader:
         live = current is not None and not current.finished
         if self._iterable:
             if live:
-                missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(self._source, m, None))]
-                if missing:
-                    raise TypeError(
-                        f"DataLoader.state_dict(): the iterable source {type(self._source).__name__} has no "
-                        f"{' or '.join(missing)}, which saving a position in the middle of an epoch needs (a "
-                        "stream cannot be re-read to find it). Give it both: state_dict() returning where its "
-                        "iteration is, load_state_dict(state) making the next iter() continue from there. "
-                        "Saving between epochs needs neither")
-                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current)
-            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None)
+                _saved(_capture(self._source, kind="iterable source"))
+                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching())
+            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching())
         if live:
-            return _resume.map_state(current.epoch, self.seed, _saved(current.sampler_state), current)
+            return _resume.map_state(current.epoch, self.seed, _saved(current.sampler_state), current,
+                                     self._batching())
         if self._own_sampler and isinstance(self.sampler, RandomSampler):
             self.sampler.set_epoch(self._next_epoch)
-        return _resume.map_state(self._next_epoch, self.seed, _saved(_capture(self._order_source)), None)
+        return _resume.map_state(self._next_epoch, self.seed, _saved(_capture(self._order_source)), None,
+                                 self._batching())
+
+    def _batching(self) -> dict:
+        """How samples are grouped into batches: a position means something only under the
+        same grouping."""
+        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue where ``state`` (from :meth:`state_dict`) was saved: the next ``iter()``
         yields the rest of the saved epoch, bit-identical to an uninterrupted run (with
         ``in_order=False``: every batch not delivered before the save, once each, in
         any order); later ones the epochs after it. Sets this loader's seed to the
-        saved one. Epoch iterators already running are not changed."""
+        saved one. Epoch iterators already running are not changed.
+
+        The sampler's saved state is loaded now, so a ``set_epoch()`` of yours afterwards
+        acts as it would have in the uninterrupted run (torch's idiom calls it before
+        every epoch); in the middle of an epoch, ``iter()`` then checks that the sampler's
+        state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
+        the saved one cancels the resume."""
         state = _resume.check(state, "iterable" if self._iterable else "map")
         check_int("seed", state["seed"], 0)
         check_int("epoch", state["epoch"], 0)
+        saved, ours = state["batching"], self._batching()
+        if saved != ours:
+            raise ValueError(f"load_state_dict: the state was saved by a loader with batch_size="
+                             f"{saved['batch_size']}, drop_last={saved['drop_last']}, but this one has batch_size="
+                             f"{ours['batch_size']}, drop_last={ours['drop_last']}: the saved position counts batches "
+                             "of the saved size")
         if not self._iterable:
             check_int("next_batch", state["next_batch"], 0)
-        if not self._iterable:
             _check_resumable(self._order_source)
+            self._order_source.load_state_dict(state["sampler"])
         elif any(s["state"] is not None for s in state["streams"]):
-            _check_resumable(self._source)
+            _check_resumable(self._source, "iterable source")
         if state["seed"] != self.seed:
             self.seed = int(state["seed"])
         self._resume = state
@@ -406,14 +452,16 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` epoch ``epoch`` (later ones continue epoch+1, ...); also
-        forwarded to a sampler or batch sampler of yours that has ``set_epoch``."""
+        forwarded to a sampler or batch sampler of yours that has ``set_epoch``. After
+        :meth:`load_state_dict`, another epoch than the saved one cancels the resume."""
         check_int("epoch", epoch, 0)
         self._next_epoch = int(epoch)
-        if not self._own_sampler and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-        if self.batch_sampler is not None and not isinstance(self.batch_sampler, BatchSampler) \
-                and hasattr(self.batch_sampler, "set_epoch"):
-            self.batch_sampler.set_epoch(epoch)
+        if self._resume is not None and self._resume["epoch"] != epoch:
+            self._resume = None
+        source = self._order_source
+        if source is not None and not (self._own_sampler and source is self.sampler) \
+                and hasattr(source, "set_epoch"):
+            source.set_epoch(epoch)
 
     # ------------------------------------------------------------ profile
     def stats(self, memory: bool = True) -> LoaderStats:

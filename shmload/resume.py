@@ -82,17 +82,17 @@ class StreamProgress(_Progress):
         self.next_worker = (worker + 1) % len(self.draws)
 
 
-def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress | None) -> dict:
-    return {KEY: FORMAT, "kind": "map", "epoch": epoch, "seed": seed,
+def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress | None, batching: dict) -> dict:
+    return {KEY: FORMAT, "kind": "map", "epoch": epoch, "seed": seed, "batching": batching,
             "next_batch": progress.next_batch if progress else 0,
             "delivered_beyond": sorted(progress.beyond) if progress else [],
             "sampler": sampler_state}
 
 
-def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None) -> dict:
+def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None, batching: dict) -> dict:
     if progress is None:
         progress = StreamProgress(streams)
-    return {KEY: FORMAT, "kind": "iterable", "epoch": epoch, "seed": seed, "streams": [
+    return {KEY: FORMAT, "kind": "iterable", "epoch": epoch, "seed": seed, "batching": batching, "streams": [
         {"draws": progress.draws[w], "state": progress.states[w], "ended": w in progress.ended}
         for w in range(streams)], "next_worker": progress.next_worker}
 
@@ -113,8 +113,8 @@ def check(state: Any, kind: str) -> dict:
     if state.get("kind") != kind:
         raise ValueError(f"load_state_dict: the state was saved by a loader over a{'n' if state.get('kind') == 'iterable' else ''} "
                          f"{state.get('kind')} dataset, but this loader's dataset is {kind}")
-    needed = ("epoch", "seed", "next_batch", "delivered_beyond", "sampler") if kind == "map" else \
-        ("epoch", "seed", "streams", "next_worker")
+    needed = ("epoch", "seed", "batching", "next_batch", "delivered_beyond", "sampler") if kind == "map" else \
+        ("epoch", "seed", "batching", "streams", "next_worker")
     missing = [k for k in needed if k not in state]
     if missing:
         raise ValueError(f"load_state_dict: the state has no {', '.join(missing)}")

@@ -55,7 +55,8 @@ def batch_seed(seed: int, epoch: int, position: int, rank: int = 0) -> int:
     """The 64-bit seed of one batch's global RNGs. ``rank`` is the process's rank in a
     distributed job: ranks whose loaders share a seed still augment differently (with
     one seed for all, batch 5 of every rank would get the same crops and flips)."""
-    key = b"%d:%d:%d:%d" % (seed, epoch, position, rank)
+    # rank 0 keeps the key of versions before ranks were mixed in: a run's seeds do not change
+    key = b"%d:%d:%d" % (seed, epoch, position) if rank == 0 else b"%d:%d:%d:%d" % (seed, epoch, position, rank)
     return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"shmload-batch").digest(), "little")
 
 

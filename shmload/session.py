@@ -103,6 +103,8 @@ class Session:
         # For an iterable source: each worker's stream position after its last finished
         # draw of this iteration, where a restarted worker takes up its stream (_restart).
         self._stream_points: dict[int, StreamPoint] = {}
+        # A restarted worker that held no draw: where its stream starts, for its next draw.
+        self._pending_restores: dict[int, Restore] = {}
         if cfg.max_shm_bytes is not None:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
@@ -184,6 +186,7 @@ class Session:
         self._space_wanted.clear()
         self._space_error = None
         self._stream_points.clear()
+        self._pending_restores.clear()
         return self.iteration
 
     def collect_releases(self) -> None:
@@ -209,6 +212,8 @@ class Session:
                 slot = self._grow_for_held()
                 if slot is None:
                     return False
+        if self._pending_restores and wid in self._pending_restores:
+            indices = indices._replace(restore=self._pending_restores.pop(wid))
         task = Task(self.iteration, epoch, seq, indices, slot.ref if slot is not None else None)
         self.dispatcher.assign(wid, (self.iteration, seq), _InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
@@ -437,6 +442,8 @@ class Session:
             if restore is not None and type(task.indices) is Draw:  # the first draw takes up the stream
                 task, restore = task._replace(indices=task.indices._replace(restore=restore)), None
             self.supervisor.send(h.id, task._replace(slot=entry.slot.ref if entry.slot is not None else None))
+        if restore is not None:  # it held no draw: its next one takes up the stream
+            self._pending_restores[h.id] = restore
         seqs = [e.task.seq for e in held if e.task.iteration == self.iteration]
         lost = ("no batch" if not seqs else f"batch {seqs[0]}" if len(seqs) == 1 else
                 "batches " + ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)} in all)" if len(seqs) > 8 else ""))

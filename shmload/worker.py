@@ -290,7 +290,7 @@ class _WorkerLoop:
             samples = stream.draw(task.iteration, draw, lambda n: seeding.seed_globals(
                 a.seed, task.epoch, seeding.stream_position(n, a.worker_id, a.num_workers), a.rank))
             if samples is None:
-                self.record()
+                self.recording = None  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))
                 return
             point = StreamPoint(stream.draws, stream.state())

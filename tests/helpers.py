@@ -485,3 +485,42 @@ class DataFlowLike:
 def count_up(n: int):
     """A generator function: an iterable source of 0..n-1 (every worker reads all of it)."""
     yield from range(n)
+
+
+class LoggedStreams(StatefulWorkerStreams):
+    """:class:`StatefulWorkerStreams` that logs each ``__iter__`` start (``"<w> start <pos>"``)
+    and each sample (``"<w> <label>"``) to ``log``; worker 0 waits at the label ``hold``
+    until the file ``release`` exists (at most 20 s)."""
+
+    def __init__(self, lengths, log, hold=None, release=None, **kwargs):
+        super().__init__(lengths, **kwargs)
+        self.log, self.hold, self.release = str(log), hold, release and str(release)
+
+    def _write(self, line: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+
+    def __iter__(self):
+        w, _ = _stream_worker()
+        self._write(f"{w} start {self.start}")
+        for sample in super().__iter__():
+            if sample[1] == self.hold:
+                deadline = time.monotonic() + 20
+                while not os.path.exists(self.release) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            self._write(f"{w} {sample[1]}")
+            yield sample
+
+
+class FailingStart(StatefulWorkerStreams):
+    """Its ``__iter__`` raises at the start of epoch ``bad_epoch`` (counted per process)."""
+
+    def __init__(self, lengths, bad_epoch=1):
+        super().__init__(lengths)
+        self.bad_epoch, self.epochs = bad_epoch, 0
+
+    def __iter__(self):
+        self.epochs += 1
+        if self.epochs - 1 == self.bad_epoch:
+            raise OSError("cannot open shard")
+        return super().__iter__()

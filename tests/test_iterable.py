@@ -236,3 +236,64 @@ def test_a_torch_iterable_dataset_that_shards_with_torch_get_worker_info_works_u
     assert all(row[1] == row[0] % 2 for b in got for row in b)
     assert torch.utils.data.get_worker_info() is None  # not in the main process
     assert sys.modules.get("torch") is torch
+
+
+def test_a_worker_that_dies_idle_takes_up_its_stream_from_the_sources_state(tmp_path):
+    """Worker 1 dies while it holds no draw (the rotation waits on worker 0's slow one):
+    its replacement still starts from the state after its last draw, not from the start."""
+    import os
+    import signal
+    import threading
+
+    from .helpers import LoggedStreams
+
+    log, release = tmp_path / "log", tmp_path / "release"
+    kwargs = dict(batch_size=2, num_workers=2, seed=2, timeout=30, prefetch_factor=1)
+    expected = labels(DataLoader(StatefulWorkerStreams([12, 12]), **kwargs))
+    loader = DataLoader(LoggedStreams([12, 12], log, hold=4, release=release), max_worker_restarts=1, **kwargs)
+    it = iter(loader)
+    got = [next(it)[1].tolist() for _ in range(4)]
+    pids = {w.id: w.pid for w in loader.stats(memory=False).workers}
+
+    def kill_idle_worker_1():
+        deadline = time.monotonic() + 20
+        while "1 1005" not in log.read_text() and time.monotonic() < deadline:  # its draw 2 is done
+            time.sleep(0.01)
+        time.sleep(0.3)  # and reported
+        os.kill(pids[1], signal.SIGKILL)
+        time.sleep(0.3)
+        release.touch()
+
+    killer = threading.Thread(target=kill_idle_worker_1)
+    killer.start()
+    with pytest.warns(ShmloadWarning, match=r"worker process 1 .* SIGKILL unexpectedly; started pid \d+"):
+        got += [b[1].tolist() for b in it]
+    killer.join(30)
+    assert got == expected
+    starts = [line for line in log.read_text().splitlines() if line.startswith("1 start")]
+    assert starts == ["1 start 0", "1 start 6"]  # the replacement resumed after label 1005
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_source_that_cannot_start_an_epoch_fails_that_epoch_without_replaying_the_last(workers):
+    from .helpers import FailingStart
+
+    loader = DataLoader(FailingStart([4, 4][:max(1, workers)]), batch_size=2, num_workers=workers,
+                        persistent_workers=workers > 0, timeout=30)
+    first = labels(loader)
+    it = iter(loader)
+    for _ in range(max(1, workers)):  # each worker's stream fails at its first draw
+        with pytest.raises(OSError, match=r"cannot open shard"):
+            next(it)
+    rest = [b[1].tolist() for b in it]  # the failing streams end: nothing of the last epoch again
+    assert first == rotation([4, 4][:max(1, workers)], 2) and rest == []
+    if workers:
+        loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_profiler_counts_batches_not_draws_that_found_the_stream_ended(workers):
+    loader = DataLoader(WorkerStreams([4, 4][:max(1, workers)]), batch_size=2, num_workers=workers, timeout=30)
+    delivered = len(labels(loader))
+    stats = loader.stats(memory=False)
+    assert sum(w.batches for w in stats.workers) == delivered == stats.main.batches

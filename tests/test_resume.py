@@ -14,7 +14,7 @@ from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler,
 from shmload.resume import BatchProgress
 
 from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
-from .resume_contract import assert_resumes_exactly, run
+from .resume_contract import assert_resumes_exactly, flatten, run
 
 
 class SeededSampler:
@@ -125,7 +125,8 @@ def test_the_state_is_small_documented_json():
     for _ in range(3):
         next(it)
     state = loader.state_dict()
-    assert state == {"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 3, "next_batch": 3,
+    assert state == {"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 3,
+                     "batching": {"batch_size": 4, "drop_last": False}, "next_batch": 3,
                      "delivered_beyond": [], "sampler": {"seed": 3, "epoch": 0, "length": 40}}
     assert json.loads(json.dumps(state)) == state
     list(it)
@@ -153,7 +154,8 @@ def test_a_sampler_without_state_dict_gets_a_clear_error_at_save_time():
         loader.state_dict()
     with pytest.raises(TypeError, match=r"the sampler PlainSampler has no state_dict or load_state_dict"):
         loader.load_state_dict({"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 1, "next_batch": 0,
-                                "delivered_beyond": [], "sampler": {}})
+                                "batching": {"batch_size": 4, "drop_last": False}, "delivered_beyond": [],
+                                "sampler": {}})
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -162,28 +164,124 @@ def test_a_sampler_without_state_dict_gets_a_clear_error_at_save_time():
     ({"shmload_loader_state": 99, "kind": "map"}, r"the state has format 99; this version of shmload reads format 1"),
     ({"shmload_loader_state": 1, "kind": "iterable"}, r"saved by a loader over an iterable dataset, but this "
                                                        r"loader's dataset is map"),
-    ({"shmload_loader_state": 1, "kind": "map", "epoch": 0}, r"the state has no seed, next_batch, delivered_beyond, "
-                                                             r"sampler"),
+    ({"shmload_loader_state": 1, "kind": "map", "epoch": 0}, r"the state has no seed, batching, next_batch, "
+                                                             r"delivered_beyond, sampler"),
 ])
 def test_a_state_that_is_not_ours_is_refused_clearly(bad, message):
     with pytest.raises(ValueError, match=message):
         DataLoader(AugmentedDataset()).load_state_dict(bad)
 
 
-def test_a_state_saved_over_another_dataset_or_rank_is_refused():
+def test_a_state_saved_over_another_dataset_rank_or_batching_is_refused():
     small = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=1)
     state = small.state_dict()
-    other = DataLoader(VariableDataset(30), batch_size=4, shuffle=True)
-    other.load_state_dict(state)
+    other = DataLoader(VariableDataset(30), batch_size=None, shuffle=True)
+    state["batching"]["batch_size"] = None
     with pytest.raises(ValueError, match=r"RandomSampler.load_state_dict: the state was saved over a dataset of 40 "
                                          r"samples, but this one has 30"):
-        iter(other)
+        other.load_state_dict(state)
+    assert len(list(other)) == 30  # refused at load: nothing pending
+    state["batching"]["batch_size"] = 4
+    with pytest.raises(ValueError, match=r"the state was saved by a loader with batch_size=4, drop_last=False, but "
+                                         r"this one has batch_size=8, drop_last=False: the saved position counts"):
+        DataLoader(AugmentedDataset(), batch_size=8, shuffle=True).load_state_dict(state)
     ds = AugmentedDataset()
     rank1 = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=1))
     rank0 = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
-    rank0.load_state_dict(rank1.state_dict())
     with pytest.raises(ValueError, match=r"the state was saved by rank 1 of 2, but this sampler is rank 0 of 2"):
-        iter(rank0)
+        rank0.load_state_dict(rank1.state_dict())
+
+
+class TorchStyleSampler(SeededSampler):
+    """Like torch's samplers: the epoch moves only by set_epoch()."""
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
+        return iter(order)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+@pytest.mark.parametrize("stop", [0, 1, 3])
+def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_epochs(stop):
+    """The user's loop calls sampler.set_epoch(epoch) before each epoch, also after
+    resuming: the sampler's state is loaded at load_state_dict(), so that call acts as in
+    the uninterrupted run."""
+    def loader_and_sampler():
+        sampler = TorchStyleSampler(12, seed=2)
+        return DataLoader(AugmentedDataset(), batch_size=4, sampler=sampler, seed=1), sampler
+
+    def epochs(loader, sampler, first, state=None, stop_at=None):
+        out = []
+        for epoch in range(first, 3):
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                out.append(batch[2].tolist())
+                if (epoch, len(out)) == stop_at:
+                    return out, loader.state_dict()
+            if (epoch, -1) == stop_at:
+                return out, loader.state_dict()
+        return out, None
+
+    reference, _ = epochs(*loader_and_sampler(), 0)
+    stop_at = (0, -1) if stop == 0 else (1, 3 + stop)  # after epoch 0, or in epoch 1
+    head, state = epochs(*loader_and_sampler(), 0, stop_at=stop_at)
+    loader, sampler = loader_and_sampler()
+    loader.load_state_dict(json.loads(json.dumps(state)))
+    tail, _ = epochs(loader, sampler, state["epoch"] if state["next_batch"] else 1)
+    assert head + tail == reference
+
+
+def test_set_epoch_after_load_state_dict_cancels_the_resume_unless_it_is_the_saved_epoch():
+    saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True)
+    loader.load_state_dict(state)
+    loader.set_epoch(0)  # the saved epoch: still resumed
+    assert len(list(loader)) == 9
+    loader.load_state_dict(state)
+    loader.set_epoch(5)
+    assert len(list(loader)) == 10 and loader.state_dict()["epoch"] == 6
+
+
+def test_moving_a_user_sampler_after_loading_a_mid_epoch_state_is_refused():
+    saved = DataLoader(AugmentedDataset(), batch_size=4, sampler=SeededSampler(40, seed=1))
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    sampler = SeededSampler(40, seed=1)
+    loader = DataLoader(AugmentedDataset(), batch_size=4, sampler=sampler)
+    loader.load_state_dict(state)
+    sampler.epoch = 7
+    with pytest.raises(ValueError, match=r"the sampler SeededSampler changed after load_state_dict\(\): its state is "
+                                         r"\{'seed': 1, 'epoch': 7\}, but the saved position \(batch 1 of epoch 0\)"):
+        iter(loader)
+    sampler.epoch = 0  # put back: the resume was kept for the retry
+    assert len(list(loader)) == 9
+
+
+def test_ctrl_c_in_a_single_process_load_leaves_the_batch_to_the_resumed_run():
+    class Interrupting(AugmentedDataset):
+        def __getitem__(self, i):
+            if i == 9 and not getattr(self, "done", False):
+                self.done = True
+                raise KeyboardInterrupt
+            return super().__getitem__(i)
+
+    reference, _ = run(DataLoader(AugmentedDataset(), batch_size=4, seed=5), 1)
+    loader = DataLoader(Interrupting(), batch_size=4, seed=5)
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in loader:
+            got.append(flatten(batch))
+    state = loader.state_dict()
+    assert state["next_batch"] == 2
+    resumed = DataLoader(AugmentedDataset(), batch_size=4, seed=5)
+    resumed.load_state_dict(state)
+    assert got + run(resumed, 1)[0] == reference
 
 
 # ---------------------------------------------------------------- iterable sources
