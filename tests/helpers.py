@@ -524,3 +524,10 @@ class FailingStart(StatefulWorkerStreams):
         if self.epochs - 1 == self.bad_epoch:
             raise OSError("cannot open shard")
         return super().__iter__()
+
+
+def slow_count(n: int, delay: float):
+    """A generator function: 0..n-1, ``delay`` seconds each."""
+    for i in range(n):
+        time.sleep(delay)
+        yield i

@@ -119,13 +119,16 @@ def test_interpreter_exit_with_live_workers_is_clean_and_silent(method):
     assert gone([int(p) for p in result.stdout.split()])
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_workers_exit_when_the_main_process_is_killed(method):
+@pytest.mark.parametrize("method,dataset", [
+    ("fork", "SlowDataset(1000, 0.01)"), ("spawn", "SlowDataset(1000, 0.01)"), ("forkserver", "SlowDataset(1000, 0.01)"),
+    ("fork", "shmload.GeneratorSource(slow_count, 1000, 0.01)"),  # an iterable source's workers too
+])
+def test_workers_exit_when_the_main_process_is_killed(method, dataset):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time, shmload
-        from tests.helpers import SlowDataset
+        from tests.helpers import SlowDataset, slow_count
         if __name__ == "__main__":
-            loader = shmload.DataLoader(SlowDataset(1000, 0.01), batch_size=1, num_workers=2,
+            loader = shmload.DataLoader({dataset}, batch_size=1, num_workers=2,
                                         multiprocessing_context={method!r}, persistent_workers=True)
             it = iter(loader)
             next(it)
