@@ -188,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_profile)
     from .demo import add_parser as add_demo
+    from .records.pack import add_parser as add_pack
 
     add_demo(sub)
+    add_pack(sub)
     return parser
 
 
