@@ -1,8 +1,8 @@
 """Write a records directory: from any indexable source, in parallel, all or nothing.
 
 Why all or nothing: a pack of ImageNet takes long enough to be interrupted. Everything is
-written into a sibling directory ``OUT.partial-<random>``, the metadata last, and the
-finished directory is renamed to ``OUT`` in one ``rename``: ``OUT`` either does not
+written into a sibling directory ``OUT.partial-<random>``, the metadata last, every file
+fsynced, and the finished directory is renamed to ``OUT`` in one ``rename``: ``OUT`` either does not
 exist or is complete. An interrupted pack leaves only the ``.partial`` directory (an
 exception removes it; a SIGKILL cannot), which no reader mistakes for a dataset.
 
@@ -98,7 +98,7 @@ def _write_share(source: Any, start: int, stop: int, tmp_dir: str, share: int, p
             n = memoryview(data).nbytes
             if f is None or (size and size + n > part_bytes):
                 if f is not None:
-                    f.close()
+                    _close_synced(f)
                     parts.append((name, size, crc))
                 name = os.path.join(tmp_dir, f"share{share:05d}-{len(parts):05d}")
                 f = open(name, "wb")
@@ -113,7 +113,7 @@ def _write_share(source: Any, start: int, stop: int, tmp_dir: str, share: int, p
                 with counter.get_lock():
                     counter.value += 64
         if f is not None:
-            f.close()
+            _close_synced(f)
             f = None
             parts.append((name, size, crc))
     finally:
@@ -123,6 +123,19 @@ def _write_share(source: Any, start: int, stop: int, tmp_dir: str, share: int, p
             with counter.get_lock():
                 counter.value += done % 64
     return _Share(parts, index, fields)
+
+
+def _close_synced(f: Any) -> None:
+    """Close a written file after its data reached the disk: the final rename must not
+    publish a directory whose parts a power cut could still lose."""
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
+def _sync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 _pool_counter: Any = None
@@ -171,10 +184,19 @@ def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFA
         shares = _write_shares(source, total, tmp_dir, part_bytes, specs, workers, progress, multiprocessing_context)
         _finish(shares, tmp_dir, total, specs, classes)
         os.rename(tmp_dir, out_dir)
+        _sync_dir(parent)  # the rename itself
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return out_dir
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_shares(source: Any, total: int, tmp_dir: str, part_bytes: int, specs: list[FieldSpec], workers: int,
@@ -216,9 +238,11 @@ def _finish(shares: list[_Share], tmp_dir: str, total: int, specs: list[FieldSpe
         index_parts.append(rows)
     index = np.concatenate(index_parts) if index_parts else np.zeros(0, fmt.INDEX_DTYPE)
     np.save(os.path.join(tmp_dir, fmt.INDEX), index)
+    _sync_file(os.path.join(tmp_dir, fmt.INDEX))
     for spec in specs:
         values = np.concatenate([share.fields[spec.name] for share in shares])
         np.save(os.path.join(tmp_dir, fmt.field_file(spec.name)), values)
+        _sync_file(os.path.join(tmp_dir, fmt.field_file(spec.name)))
     from .. import __version__
 
     meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "samples": total, "parts": parts_meta,
