@@ -63,6 +63,17 @@ def test_write_and_read_back_every_sample_and_field(tmp_path, workers):
     assert sum(p["bytes"] for p in meta["parts"]) == sum(j * 7 % 300 + 1 for j in range(200))
 
 
+def test_an_iterable_source_is_written_too(tmp_path):
+    blobs = Blobs(150)
+    out = write((blobs[i] for i in range(150)), tmp_path / "it", part_bytes=2000)
+    ds = RecordDataset(out)
+    assert len(ds) == 150 and all(bytes(ds.data(i)) == blobs[i][0] for i in range(150))
+    assert ds.fields["label"].tolist() == list(range(150))
+    assert len(RecordDataset(write(iter(()), tmp_path / "empty"))) == 0
+    with pytest.raises(ValueError, match=r"workers=2, but an iterable source \(a generator\) is read by one process"):
+        write((b"x" for _ in range(3)), tmp_path / "par", workers=2)
+
+
 def test_parallel_writing_gives_the_same_samples_in_the_same_order(tmp_path):
     one = RecordDataset(write(Blobs(300), tmp_path / "one", part_bytes=10_000))
     two = RecordDataset(write(Blobs(300), tmp_path / "two", part_bytes=10_000, workers=3))

@@ -15,6 +15,7 @@ share's last part may be smaller than the target).
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import secrets
@@ -22,7 +23,7 @@ import shutil
 import sys
 import time
 import zlib
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -73,18 +74,29 @@ def infer_fields(fields: dict) -> list[FieldSpec]:
     return specs
 
 
-def _write_share(source: Any, start: int, stop: int, tmp_dir: str, share: int, part_bytes: int,
+def _indexed(source: Any, start: int, stop: int) -> Iterator[tuple[int, Any]]:
+    for i in range(start, stop):
+        yield i, source[i]
+
+
+def _write_share(items: Iterable[tuple[int, Any]], capacity: int, tmp_dir: str, share: int, part_bytes: int,
                  specs: list[FieldSpec], counter: Any = None) -> _Share:
-    index = np.zeros(stop - start, fmt.INDEX_DTYPE)
-    fields = {s.name: np.zeros((stop - start,) + s.shape, s.dtype) for s in specs}
+    """Write ``items`` ((position, sample) pairs) into this share's parts. ``capacity``:
+    the number expected (the arrays grow if more come, as from an iterable source)."""
+    capacity = max(1, capacity)
+    index = np.zeros(capacity, fmt.INDEX_DTYPE)
+    fields = {s.name: np.zeros((capacity,) + s.shape, s.dtype) for s in specs}
     parts: list[tuple[str, int, int]] = []
     f = None
     name = ""
     size = crc = 0
     done = 0
     try:
-        for k, i in enumerate(range(start, stop)):
-            data, values = split_sample(source[i], i)
+        for k, (i, item) in enumerate(items):
+            if k == len(index):
+                index = np.resize(index, 2 * k)
+                fields = {key: np.resize(arr, (2 * k,) + arr.shape[1:]) for key, arr in fields.items()}
+            data, values = split_sample(item, i)
             if set(values) != set(fields):
                 raise ValueError(f"records.write: sample {i} has fields {sorted(values)}, but sample 0 has "
                                  f"{sorted(fields)}: every sample needs the same fields")
@@ -122,7 +134,7 @@ def _write_share(source: Any, start: int, stop: int, tmp_dir: str, share: int, p
         if counter is not None and done % 64:
             with counter.get_lock():
                 counter.value += done % 64
-    return _Share(parts, index, fields)
+    return _Share(parts, index[:done], {key: arr[:done] for key, arr in fields.items()})
 
 
 def _close_synced(f: Any) -> None:
@@ -147,7 +159,8 @@ def _init_pool(counter: Any) -> None:
 
 
 def _pool_share(args: tuple) -> _Share:
-    return _write_share(*args, counter=_pool_counter)
+    source, start, stop, *rest = args
+    return _write_share(_indexed(source, start, stop), stop - start, *rest, counter=_pool_counter)
 
 
 def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFAULT_PART_BYTES, workers: int = 0,
@@ -155,10 +168,11 @@ def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFA
           multiprocessing_context: Any = None) -> str:
     """Pack ``source`` into a new records directory ``out_dir``; returns its path.
 
-    ``source`` is indexable with ``len()``; ``source[i]`` is the sample's bytes (``bytes``,
-    ``bytearray``, ``memoryview`` or a 1-D uint8 array), or ``(bytes, {name: value})``
-    with the same named fixed-size numeric fields for every sample (an int label, a
-    float array of a fixed shape). Samples are written as they are (JPEG bytes stay
+    ``source`` is a dataset (indexable, with ``len()``) or an iterable; each sample is
+    its bytes (``bytes``, ``bytearray``, ``memoryview`` or a 1-D uint8 array), or
+    ``(bytes, {name: value})`` with the same named fixed-size numeric fields for every
+    sample (an int label, a float array of a fixed shape). An iterable is written by
+    this process (it cannot be split without reading it). Samples are written as they are (JPEG bytes stay
     JPEG). Parts are cut before ``part_bytes`` would be exceeded (a larger sample gets a
     part of its own). ``workers`` > 0 writes in that many processes. ``classes`` (names)
     is kept in the metadata. ``progress``: True draws a bar on stderr, or a function
@@ -174,8 +188,18 @@ def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFA
         raise ValueError(f"part_bytes should be a positive integer, but got part_bytes={part_bytes!r}")
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers should be a non-negative integer, but got workers={workers!r}")
-    total = len(source)
-    specs = infer_fields(split_sample(source[0], 0)[1]) if total else []
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        total = len(source)
+        specs = infer_fields(split_sample(source[0], 0)[1]) if total else []
+    else:
+        if workers:
+            raise ValueError(f"records.write: workers={workers}, but an iterable source (a "
+                             f"{type(source).__name__}) is read by one process: pass workers=0, or a dataset")
+        iterator = iter(source)
+        first = next(iterator, _END)
+        specs = infer_fields(split_sample(first, 0)[1]) if first is not _END else []
+        total = len(source) if hasattr(source, "__len__") else 0  # for the progress bar only
+        source = _Stream(itertools.chain([first], iterator) if first is not _END else iter(()), total)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp_dir = os.path.join(parent, f".{os.path.basename(out_dir)}.partial-{secrets.token_hex(4)}")
@@ -202,9 +226,10 @@ def _sync_dir(path: str) -> None:
 def _write_shares(source: Any, total: int, tmp_dir: str, part_bytes: int, specs: list[FieldSpec], workers: int,
                   progress: Any, context: Any) -> list[_Share]:
     report = _Progress(total, progress)
-    if workers == 0 or total < 2:
+    if type(source) is _Stream or workers == 0 or total < 2:
         counter = _LocalCounter(report)
-        share = _write_share(source, 0, total, tmp_dir, 0, part_bytes, specs, counter)
+        items = enumerate(source.items) if type(source) is _Stream else _indexed(source, 0, total)
+        share = _write_share(items, total, tmp_dir, 0, part_bytes, specs, counter)
         report.close()
         return [share]
     workers = min(workers, total)
@@ -245,11 +270,21 @@ def _finish(shares: list[_Share], tmp_dir: str, total: int, specs: list[FieldSpe
         _sync_file(os.path.join(tmp_dir, fmt.field_file(spec.name)))
     from .. import __version__
 
-    meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "samples": total, "parts": parts_meta,
+    meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "samples": len(index), "parts": parts_meta,
             "fields": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in specs],
             "classes": list(classes) if classes is not None else None,
             "created_by": f"shmload {__version__}", "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     fmt.write_metadata(tmp_dir, meta)
+
+
+_END = object()
+
+
+class _Stream(NamedTuple):
+    """An iterable source, its first item put back."""
+
+    items: Iterator[Any]
+    total: int
 
 
 class _Progress:
