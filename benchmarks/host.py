@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Iterable
 
 import psutil
@@ -49,3 +54,21 @@ def children_cpu_seconds() -> float:
             continue
         total += t.user + t.system
     return total
+
+
+def child_result(module: str, child_args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """``python -m <module> --child ... --child-out FILE`` in a fresh process (from the
+    checkout's root): the JSON it wrote, or ``{"error": ...}`` with its last line of stderr."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="shmload-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", module, "--child", *child_args, "--child-out", str(out)]
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        if proc.returncode != 0 or not out.exists():
+            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+            return {"error": f"exit code {proc.returncode}: {tail[0][:300]}"}
+        return json.loads(out.read_text())

@@ -79,9 +79,7 @@ import os
 import random
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +88,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import host
-from .host import children_cpu_seconds
+from .host import child_result, children_cpu_seconds
 from .workloads import CACHE_DIR, thread_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,18 +246,7 @@ def run_child(name: str, root: str, epochs: int) -> dict[str, Any]:
 
 def spawn_child(child_args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """``python -m benchmarks.images --child ...`` in a fresh process: its JSON result."""
-    with tempfile.TemporaryDirectory(prefix="shmload-images-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "benchmarks.images", "--child", *child_args, "--child-out", str(out)]
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout:.0f} s"}
-        if proc.returncode != 0 or not out.exists():
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            return {"error": f"exit code {proc.returncode}: {tail[0][:300]}"}
-        return json.loads(out.read_text())
+    return child_result("benchmarks.images", child_args, env, timeout)
 
 
 def spawn_loader(name: str, root: Path, epochs: int, timeout: float) -> dict[str, Any]:

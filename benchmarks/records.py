@@ -99,7 +99,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -110,6 +109,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from .host import child_result
 from .imagefolder_scale import ensure_tree, tree_root
 from .images import BATCH_SIZE, FOLDERS, MALLOC_REGIMES, SIZE, WORKERS, epoch, list_images, machine, \
     torch_style_sample, warm_page_cache
@@ -433,18 +433,7 @@ def spawn(child: list[str], timeout: float, malloc: str = "default") -> dict[str
     env = os.environ | thread_env()
     if MALLOC_REGIMES[malloc]:
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (env.get("GLIBC_TUNABLES"), MALLOC_REGIMES[malloc])))
-    with tempfile.TemporaryDirectory(prefix="shmload-records-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "benchmarks.records", "--child", *child, "--child-out", str(out)]
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout:.0f} s"}
-        if proc.returncode != 0 or not out.exists():
-            tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-            return {"error": f"exit code {proc.returncode}: {tail[0][:300]}"}
-        return json.loads(out.read_text())
+    return child_result("benchmarks.records", child, env, timeout)
 
 
 def child_main(args: argparse.Namespace) -> int:
