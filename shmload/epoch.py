@@ -115,7 +115,7 @@ class SingleProcessEpoch(_Epoch):
                             self.schedule.ended(0)
                             self.progress.end(0)
                             return _ENDED
-                        point = StreamPoint(self._stream.draws, self._stream.state())
+                        point = self._stream.point()
                     t1 = _clock()
                     fetch_s = t1 - t0
                     samples_n = (len(samples) if draw is not None else len(load)) if cfg.auto_batch else 1
@@ -139,11 +139,9 @@ class SingleProcessEpoch(_Epoch):
                                            self._nbytes)
 
     def _consumed(self, seq: int, draw: Draw | None, point: StreamPoint | None) -> None:
-        if draw is None:
-            self.progress.delivered(seq)
-        else:
-            state = point.state if point is not None else self._stream.state_or_none()
-            self.progress.delivered(0, self._stream.draws, state)
+        if draw is not None and point is None:  # the draw raised
+            point = self._stream.point(failed=True)
+        self.progress.record(seq, (0, point) if draw is not None else None)
 
 
 _ENDED = object()  # _load(): the stream ended, no batch
@@ -231,11 +229,7 @@ class MultiprocessEpoch(_Epoch):
             self.schedule.commit()
 
     def _yield(self, result: Any) -> Any:
-        if result.stream is None:
-            self.progress.delivered(result.seq)
-        else:
-            worker, point = result.stream
-            self.progress.delivered(worker, point.draws, point.state)
+        self.progress.record(result.seq, result.stream)
         if type(result) is LoadFailed:
             raise result.error
         self._nbytes = result.layout.nbytes

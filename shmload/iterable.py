@@ -17,7 +17,7 @@ import itertools
 import sys
 from typing import Any, Callable, Iterator
 
-from .messages import Draw, Restore
+from .messages import Draw, Restore, StreamPoint
 
 
 class GeneratorSource:
@@ -46,12 +46,16 @@ class GeneratorSource:
         return f"GeneratorSource({getattr(self.fn, '__qualname__', self.fn)})"
 
 
+def _torch_data() -> Any:
+    """``torch.utils.data`` if torch is imported already, else None (never imports it)."""
+    return getattr(getattr(sys.modules.get("torch"), "utils", None), "data", None)
+
+
 def is_iterable_source(dataset: Any) -> bool:
     """Is ``dataset`` read as a stream? A torch IterableDataset always is (torch's Dataset
     base class defines a ``__getitem__`` that only raises); otherwise anything with
     ``__iter__`` and no ``__getitem__``."""
-    torch = sys.modules.get("torch")
-    iterable_type = getattr(getattr(getattr(torch, "utils", None), "data", None), "IterableDataset", None)
+    iterable_type = getattr(_torch_data(), "IterableDataset", None)
     if iterable_type is not None and isinstance(dataset, iterable_type):
         return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
@@ -97,12 +101,15 @@ class Stream:
         state_dict = getattr(self.source, "state_dict", None)
         return state_dict() if callable(state_dict) else None
 
-    def state_or_none(self) -> Any:
-        """The state after a draw that raised (None if asking raises too)."""
+    def point(self, failed: bool = False) -> StreamPoint:
+        """Where the stream is after a draw: the draws made and the source's state. After
+        a draw that raised (``failed``), a state that cannot be had either is None."""
         try:
-            return self.state()
+            return StreamPoint(self._draws, self.state())
         except Exception:
-            return None
+            if not failed:
+                raise
+            return StreamPoint(self._draws, None)
 
     def draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None]) -> Any:
         """The samples of ``draw`` (a list, or one sample when unbatched), or None if the
@@ -162,9 +169,7 @@ def share_worker_info_with_torch(worker_id: int, num_workers: int, seed: int, da
     """Make ``torch.utils.data.get_worker_info()`` report this shmload worker, so torch
     IterableDatasets that shard themselves work unchanged. Only if torch is imported
     already (importing it costs a worker about a second); True once done."""
-    torch = sys.modules.get("torch")
-    worker_module = getattr(getattr(getattr(getattr(torch, "utils", None), "data", None), "_utils", None),
-                            "worker", None)
+    worker_module = getattr(getattr(_torch_data(), "_utils", None), "worker", None)
     if worker_module is None:
         return False
     try:

@@ -356,21 +356,15 @@ class DataLoader:
 
     def _stream_plan(self, cfg: LoaderConfig, resume: dict | None) -> tuple[RoundRobinSchedule, StreamProgress]:
         streams = max(1, cfg.num_workers)
-        progress = StreamProgress(streams)
         if resume is None:
-            return RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last), progress
+            return RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last), StreamProgress(streams)
         saved = len(resume["streams"])
-        if saved != streams:
-            self._resume = resume  # still to be used, once num_workers is right
+        if saved != streams:  # (__iter__ keeps the resume for a retry with the right num_workers)
             raise ValueError(
                 f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
                 f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={cfg.num_workers}: each "
                 "worker reads its own shard of the stream, so resume with the same number of workers")
-        for w, s in enumerate(resume["streams"]):
-            progress.draws[w], progress.states[w] = s["draws"], s["state"]
-            if s["ended"]:
-                progress.ended.add(w)
-        progress.next_worker = resume["next_worker"]
+        progress = StreamProgress.resumed(resume)
         schedule = RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last, draws=progress.draws,
                                       ended=progress.ended, first=progress.next_worker,
                                       restores=_resume.restores(resume))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .messages import Restore
+from .messages import Restore, StreamPoint
 
 FORMAT = 1
 KEY = "shmload_loader_state"  # the format version's key, which marks a dict as ours
@@ -48,6 +48,10 @@ class BatchProgress(_Progress):
         self.beyond = set(beyond)
         self._settle()
 
+    def record(self, seq: int, stream: Any) -> None:
+        """The batch at position ``seq`` was delivered (or raised at its position)."""
+        self.delivered(seq)
+
     def delivered(self, seq: int) -> None:
         if seq == self.next_batch:
             self.next_batch += 1
@@ -71,6 +75,23 @@ class StreamProgress(_Progress):
         self.states: list[Any] = [None] * streams
         self.ended: set[int] = set()
         self.next_worker = 0
+
+    @classmethod
+    def resumed(cls, state: dict) -> StreamProgress:
+        """The progress a saved iterable epoch had (``stream_state``'s inverse)."""
+        progress = cls(len(state["streams"]))
+        for w, s in enumerate(state["streams"]):
+            progress.draws[w], progress.states[w] = s["draws"], s["state"]
+            if s["ended"]:
+                progress.ended.add(w)
+        progress.next_worker = state["next_worker"]
+        return progress
+
+    def record(self, seq: int, stream: tuple[int, StreamPoint]) -> None:
+        """A draw was delivered (or raised at its position): ``stream`` is its worker and
+        the stream's position after it."""
+        worker, point = stream
+        self.delivered(worker, point.draws, point.state)
 
     def delivered(self, worker: int, draws: int, state: Any) -> None:
         self.draws[worker] = draws

@@ -212,8 +212,8 @@ class Session:
                 slot = self._grow_for_held()
                 if slot is None:
                     return False
-        if self._pending_restores and wid in self._pending_restores:
-            indices = indices._replace(restore=self._pending_restores.pop(wid))
+        if self._pending_restores:
+            indices = self._restored(wid, indices)
         task = Task(self.iteration, epoch, seq, indices, slot.ref if slot is not None else None)
         self.dispatcher.assign(wid, (self.iteration, seq), _InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
@@ -433,17 +433,16 @@ class Session:
         for seg in self.ring.segments():
             self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
         restore = self._restore_point(h.id)
+        if restore is not None:
+            self._pending_restores[h.id] = restore  # for its first draw, held or yet to come
         for entry in held:
             task = entry.task
             if task.iteration != self.iteration:  # an abandoned epoch's batch: drop it
                 self.dispatcher.complete(h.id, (task.iteration, task.seq))
                 self._give_back(entry.slot)
                 continue
-            if restore is not None and type(task.indices) is Draw:  # the first draw takes up the stream
-                task, restore = task._replace(indices=task.indices._replace(restore=restore)), None
+            task = task._replace(indices=self._restored(h.id, task.indices))
             self.supervisor.send(h.id, task._replace(slot=entry.slot.ref if entry.slot is not None else None))
-        if restore is not None:  # it held no draw: its next one takes up the stream
-            self._pending_restores[h.id] = restore
         seqs = [e.task.seq for e in held if e.task.iteration == self.iteration]
         lost = ("no batch" if not seqs else f"batch {seqs[0]}" if len(seqs) == 1 else
                 "batches " + ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)} in all)" if len(seqs) > 8 else ""))
@@ -451,6 +450,13 @@ class Session:
             f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly; started "
             f"pid {new.pid} in its place (restart {self.restarts.used} of max_worker_restarts="
             f"{self.cfg.max_worker_restarts}) and sent it {lost} again.", ShmloadWarning, stacklevel=2)
+
+    def _restored(self, wid: int, load: Any) -> Any:
+        """``load``, or if it is the first draw sent to a restarted worker ``wid``, that draw
+        with where the stream starts (see _restore_point)."""
+        if type(load) is Draw and wid in self._pending_restores:
+            return load._replace(restore=self._pending_restores.pop(wid))
+        return load
 
     def _restore_point(self, wid: int) -> Restore | None:
         """Where worker ``wid``'s replacement takes up an iterable source's stream: from the

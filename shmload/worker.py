@@ -293,13 +293,13 @@ class _WorkerLoop:
                 self.recording = None  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))
                 return
-            point = StreamPoint(stream.draws, stream.state())
+            point = stream.point()
             t1 = _clock()
             self.samples = len(samples) if a.auto_batch else 1
             plan = _collate.make_plan(samples, None, self.user.collate_fn, a.auto_batch)
             self.fetch_s, self.collate_s = t1 - t0, _clock() - t1
         except Exception as exc:
-            self.fail(task.iteration, task.seq, exc, StreamPoint(stream.draws, stream.state_or_none()))
+            self.fail(task.iteration, task.seq, exc, stream.point(failed=True))
             return
         self.place(task.iteration, task.seq, plan, task.slot, point)
 

@@ -80,9 +80,10 @@ def _indexed(source: Any, start: int, stop: int) -> Iterator[tuple[int, Any]]:
 
 
 def _write_share(items: Iterable[tuple[int, Any]], capacity: int, tmp_dir: str, share: int, part_bytes: int,
-                 specs: list[FieldSpec], counter: Any = None) -> _Share:
+                 specs: list[FieldSpec], advance: Callable[[int], None] | None = None) -> _Share:
     """Write ``items`` ((position, sample) pairs) into this share's parts. ``capacity``:
-    the number expected (the arrays grow if more come, as from an iterable source)."""
+    the number expected (the arrays grow if more come, as from an iterable source).
+    ``advance(n)`` is told every 64 samples written, for the progress bar."""
     capacity = max(1, capacity)
     index = np.zeros(capacity, fmt.INDEX_DTYPE)
     fields = {s.name: np.zeros((capacity,) + s.shape, s.dtype) for s in specs}
@@ -121,9 +122,8 @@ def _write_share(items: Iterable[tuple[int, Any]], capacity: int, tmp_dir: str, 
             crc = zlib.crc32(data, crc)
             size += n
             done += 1
-            if counter is not None and done % 64 == 0:
-                with counter.get_lock():
-                    counter.value += 64
+            if advance is not None and done % 64 == 0:
+                advance(64)
         if f is not None:
             _close_synced(f)
             f = None
@@ -131,9 +131,8 @@ def _write_share(items: Iterable[tuple[int, Any]], capacity: int, tmp_dir: str, 
     finally:
         if f is not None:
             f.close()
-        if counter is not None and done % 64:
-            with counter.get_lock():
-                counter.value += done % 64
+        if advance is not None and done % 64:
+            advance(done % 64)
     return _Share(parts, index[:done], {key: arr[:done] for key, arr in fields.items()})
 
 
@@ -158,9 +157,14 @@ def _init_pool(counter: Any) -> None:
     _pool_counter = counter
 
 
+def _add_to_pool_counter(n: int) -> None:
+    with _pool_counter.get_lock():
+        _pool_counter.value += n
+
+
 def _pool_share(args: tuple) -> _Share:
     source, start, stop, *rest = args
-    return _write_share(_indexed(source, start, stop), stop - start, *rest, counter=_pool_counter)
+    return _write_share(_indexed(source, start, stop), stop - start, *rest, advance=_add_to_pool_counter)
 
 
 def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFAULT_PART_BYTES, workers: int = 0,
@@ -227,9 +231,8 @@ def _write_shares(source: Any, total: int, tmp_dir: str, part_bytes: int, specs:
                   progress: Any, context: Any) -> list[_Share]:
     report = _Progress(total, progress)
     if type(source) is _Stream or workers == 0 or total < 2:
-        counter = _LocalCounter(report)
         items = enumerate(source.items) if type(source) is _Stream else _indexed(source, 0, total)
-        share = _write_share(items, total, tmp_dir, 0, part_bytes, specs, counter)
+        share = _write_share(items, total, tmp_dir, 0, part_bytes, specs, report.advance)
         report.close()
         return [share]
     workers = min(workers, total)
@@ -294,6 +297,11 @@ class _Progress:
         self.started = time.monotonic()
         self._last = -1.0
         self._shown = -1
+        self._written = 0  # counted in this process (advance); workers count in a shared Value
+
+    def advance(self, n: int) -> None:
+        self._written += n
+        self.update(self._written)
 
     def update(self, done: int) -> None:
         now = time.monotonic()
@@ -311,19 +319,3 @@ class _Progress:
     def close(self) -> None:
         if self.bar:
             sys.stderr.write("\n")
-
-
-class _LocalCounter:
-    """The in-process stand-in for the workers' shared counter."""
-
-    def __init__(self, report: _Progress):
-        self.report, self.value = report, 0
-
-    def get_lock(self) -> Any:
-        return self
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        self.report.update(self.value)
