@@ -1,19 +1,66 @@
-"""Shared fixtures. The autouse ``no_leaks`` fixture fails any test that leaves a new
-entry in /dev/shm, a POSIX queue, a live child process, or a shmload segment still
-mapped or open in the test process behind."""
+"""Shared fixtures. The autouse ``no_leaks`` fixture fails any test that leaves behind a
+new shared-memory entry of its own, a live child process, or a shmload segment still
+mapped or open in the test process.
+
+/dev/shm (where POSIX semaphores live too) and /dev/mqueue are shared by every program
+of the machine, and other programs create and remove entries there all the time (their
+``multiprocessing`` semaphores, ``sem.mp-...``). So an entry that appeared during the
+test counts only if it is attributable to this library or to the test's own processes:
+
+1. its name is shmload's (``shm.NAME_PREFIX``, ``/shmload-...``), whoever made it. The
+   library creates no other named object (no POSIX semaphores or queues: its segments
+   are its only named objects, unlinked at birth), so every leak of the library shows
+   here, even one left by a process that has exited (a worker, a script run by a test);
+2. it is a ``multiprocessing`` semaphore of this test session: the session gives
+   ``multiprocessing`` its own semaphore prefix (``SEMPREFIX``: entries
+   ``sem.mp-shmloadtest<pid>-...``), which every process started through
+   ``multiprocessing`` inherits (fork, spawn, forkserver), so a semaphore that a killed
+   child abandoned is still ours;
+3. the test process or one of its live descendants has it open or mapped (its device
+   and inode in ``/proc/<pid>/fd`` or ``/proc/<pid>/maps``; the inode, not the path,
+   because glibc's ``sem_open`` maps a temporary file and links it under the name).
+
+Every other new entry is another program's and is ignored, as are entries removed
+during the test. What cannot be attributed: an entry under a foreign name that one of
+the test's processes created outside ``multiprocessing`` (``posix_ipc``, ``shm_open``,
+a fresh interpreter's own ``multiprocessing``), and that is held by no live process of
+the test: its creator exited, or closed it without unlinking. Nothing in /dev/shm says
+who made a file, and the kernel does not remember. That is acceptable because such an
+entry cannot come from the library (rule 1 covers all it names) and a test that makes
+one names it itself; tests that need a named object should name it ``/shmload-...`` so
+that rule 1 checks its removal. An entry a child still holds is counted, and the child
+fails the child-process check besides.
+
+A shmload entry that appears for a moment (another shmload user's segment, named for
+microseconds) is not a leak: what is new is looked at again for up to 5 s.
+"""
 
 from __future__ import annotations
 
 import gc
+import multiprocessing.process
 import os
 import time
+from typing import NamedTuple
 
 import psutil
 import pytest
 
+from shmload.shm import NAME_PREFIX
+
 SHM_DIRS = ("/dev/shm", "/dev/mqueue")
+OURS = NAME_PREFIX.lstrip("/")  # "shmload-": the library's only named objects
+# The name prefix of this session's multiprocessing semaphores (rule 2 above); the pid
+# keeps another test session's apart.
+SEMPREFIX = f"/mp-shmloadtest{os.getpid()}"
 # CPython's own long-lived helpers: started by spawn/forkserver, alive until exit.
 HELPERS = ("resource_tracker", "forkserver")
+
+
+def pytest_configure(config):
+    inherited = multiprocessing.process.current_process()._config  # what child processes inherit
+    if inherited.get("semprefix") == "/mp":  # CPython's default; a private detail, so only if it is there
+        inherited["semprefix"] = SEMPREFIX
 
 
 def _entries() -> set[str]:
@@ -26,17 +73,64 @@ def _entries() -> set[str]:
     return found
 
 
+def _held_by_our_processes() -> dict[tuple[int, int], int]:
+    """(device, inode) of every file the test process and its live descendants have open
+    or mapped, with the pid of one of them."""
+    held = {}
+    me = psutil.Process()
+    for pid in [me.pid] + [p.pid for p in me.children(recursive=True)]:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    major, minor = fields[3].split(":")
+                    held[os.makedev(int(major, 16), int(minor, 16)), int(fields[4])] = pid
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            held[st.st_dev, st.st_ino] = pid
+    return held
+
+
+def _attributed(entries: set[str]) -> list[str]:
+    """Those of ``entries`` that are ours (the module docstring's rules), each with why."""
+    found, rest = [], []
+    for entry in entries:
+        name = os.path.basename(entry)
+        if name.startswith(OURS):
+            found.append(f"{entry} (a shmload name)")
+        elif name.startswith("sem." + SEMPREFIX.lstrip("/") + "-"):
+            found.append(f"{entry} (a multiprocessing semaphore of this test session)")
+        else:
+            rest.append(entry)
+    held = _held_by_our_processes() if rest else {}
+    for entry in rest:
+        try:
+            st = os.stat(entry)
+        except OSError:  # gone meanwhile
+            continue
+        pid = held.get((st.st_dev, st.st_ino))
+        if pid is not None:
+            found.append(f"{entry} (open or mapped by {'the test process' if pid == os.getpid() else f'pid {pid}'})")
+    return sorted(found)
+
+
 def _own_segments() -> list[str]:
     """This process's mappings and descriptors of shmload segments (unlinked, so invisible
     in /dev/shm: a segment the loader forgot to close shows only here)."""
     with open("/proc/self/maps") as maps:
-        found = [line.split()[-2] for line in maps if "/shmload-" in line]
+        found = [line.split()[-2] for line in maps if NAME_PREFIX in line]
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if "/shmload-" in target:
+        if NAME_PREFIX in target:
             found.append(f"fd {fd} -> {target}")
     return found
 
@@ -55,25 +149,32 @@ def _children() -> dict[int, str]:
     return out
 
 
-def snapshot() -> tuple:
-    """What exists now: /dev/shm entries, child processes, this process's segments."""
-    return _entries(), _children(), _own_segments()
+class Snapshot(NamedTuple):
+    entries: set[str]
+    children: dict[int, str]
+    segments: list[str]
 
 
-def assert_nothing_new(before: tuple, what: str = "test") -> None:
-    """Fail if anything appeared since ``before``; what is on its way out gets 5 s to go."""
-    entries, children, segments = before
+def snapshot() -> Snapshot:
+    """What exists now: /dev/shm and /dev/mqueue entries, child processes, this process's
+    segments."""
+    return Snapshot(_entries(), _children(), _own_segments())
+
+
+def assert_nothing_new(before: Snapshot, what: str = "test", wait: float = 5.0) -> None:
+    """Fail if anything of ours appeared since ``before`` (shared-memory entries as the
+    module docstring attributes them); what is on its way out gets ``wait`` seconds to go."""
     gc.collect()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + wait
     while True:
-        new_children = {p: c for p, c in _children().items() if p not in children}
-        new_entries = _entries() - entries
-        new_segments = [s for s in _own_segments() if s not in segments]
+        new_children = {p: c for p, c in _children().items() if p not in before.children}
+        new_entries = _attributed(_entries() - before.entries)
+        new_segments = [s for s in _own_segments() if s not in before.segments]
         if not (new_children or new_entries or new_segments) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
         gc.collect()
-    assert not new_entries, f"{what} left shared-memory entries behind: {sorted(new_entries)}"
+    assert not new_entries, f"{what} left shared-memory entries behind: {', '.join(new_entries)}"
     assert not new_children, f"{what} left child processes alive: {new_children}"
     assert not new_segments, f"{what} left shared memory mapped or open in this process: {new_segments}"
 

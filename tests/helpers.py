@@ -308,7 +308,14 @@ def die(how: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "segv":
         import ctypes
-        ctypes.string_at(0)  # a NULL read: SIGSEGV
+        import faulthandler
+        import resource
+        # A real SIGSEGV, quietly: the handler pytest's faulthandler installed (inherited by
+        # a forked worker) would print a "Fatal Python error" dump into the run, and a
+        # core file could land in the working directory. Both are this process's own.
+        faulthandler.disable()
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        ctypes.string_at(0)  # a NULL read: SIGSEGV, the default action
     os._exit(7)
 
 
