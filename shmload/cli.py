@@ -1,67 +1,203 @@
-"""The ``shmload`` command: ``shmload profile`` (here) and ``shmload demo`` (demo.py).
+"""The ``shmload`` command: its parser, how it reports errors, and ``shmload profile``.
 
-``shmload profile MODULE:FACTORY``: import a dataset (``FACTORY`` is a dataset, or a
-callable returning one), load ``--batches`` batches with each worker count of
-``--workers``, print throughput, stall and utilization side by side, and recommend the
-fewest workers within 5% of the best throughput on this machine.
+The sub-commands are ``profile`` (here), ``demo`` (demo.py) and ``pack`` (records/pack.py).
+
+NOTE [ Command errors ]. A new user's mistakes must read as sentences, not tracebacks:
+
+* A mistake the user can fix (an argument, a path, a ``MODULE:FACTORY`` that does not
+  import or has no such name) and an exception raised by the user's own code (the
+  factory, the dataset's ``__getitem__``, their collate) are a :class:`CommandError`:
+  one line on stderr naming what failed and what to do, exit status 2 (argparse's
+  status for usage errors, which are reported the same way).
+* shmload's own errors (a :class:`~shmload.ShmloadError`, e.g. /dev/shm too small):
+  the first line of the message, which says what to do, exit status 1.
+* Anything else is a bug in shmload: Python's traceback, exit status 1.
+
+``shmload --debug COMMAND ...`` or ``SHMLOAD_DEBUG=1`` prints the traceback (with the
+user's original exception) before the line. :func:`main` returns the exit status, for
+the console script and for tests calling ``main([...])``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
+import textwrap
 import time
-from typing import Any
+import traceback
+from typing import Any, Callable
 
-from .errors import format_bytes
+from .errors import CommandError, SharedMemoryError, ShmloadError
 from .loader import DataLoader
-from .stats import LoaderStats
+from .stats import LoaderStats, format_size
 
 NEAR_BEST = 0.95  # a worker count within this share of the best throughput is good enough
+DEBUG_HELP = ("On an error the command prints one line saying what failed and what to do, and exits with status 2 "
+              "(your command or your code) or 1 (the machine, e.g. /dev/shm too small). For the full Python "
+              "traceback, run 'shmload --debug {command} ...' or set SHMLOAD_DEBUG=1.")
 
 
-def load_factory(spec: str) -> Any:
-    """The dataset named by ``MODULE:ATTRIBUTE`` (MODULE may be a path to a .py file); a
-    callable attribute is called with no arguments."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"shmload profile: expected MODULE:FACTORY (e.g. shmload.synthetic:images), got {spec!r}")
-    if module_name.endswith(".py") or os.sep in module_name:
-        path = os.path.abspath(module_name)
-        name = os.path.splitext(os.path.basename(path))[0]
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or not os.path.exists(path):
-            raise SystemExit(f"shmload profile: no Python file at {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module  # workers started with spawn import it by this name
-        sys.path.insert(0, os.path.dirname(path))
-        module_spec.loader.exec_module(module)
-    else:
-        sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(module_name)
+# ---------------------------------------------------------------- parsing
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a usage error on one line (argparse prints the usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+def counted(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum`` (``what`` names it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}: a whole number of at least {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _milliseconds(text: str) -> float:
     try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise SystemExit(f"shmload profile: module {module_name!r} has no attribute {attr!r}") from None
-    dataset = obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
-    missing = [m for m in ("__getitem__", "__len__") if not hasattr(dataset, m)]
-    if missing:
-        raise SystemExit(f"shmload profile: {spec} gave a {type(dataset).__name__}, which has no "
-                         f"{' or '.join(missing)}; expected a map-style dataset or a factory returning one")
-    return dataset
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:  # refuses nan too
+        raise argparse.ArgumentTypeError(f"expected milliseconds, 0 or more, got {text!r}")
+    return value
 
 
 def _worker_counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated worker counts like 1,2,4, got {text!r}") from None
+        counts = []
     if not counts or any(n < 0 for n in counts):
-        raise argparse.ArgumentTypeError(f"expected worker counts >= 0, got {text!r}")
-    return counts
+        raise argparse.ArgumentTypeError(f"expected worker counts 0 or more separated by commas, like 1,2,4, "
+                                         f"got {text!r}")
+    return list(dict.fromkeys(counts))
+
+
+def _factory_spec(text: str) -> str:
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name or not attr:
+        raise argparse.ArgumentTypeError(f"expected MODULE:FACTORY (e.g. mydata:make, ./mydata.py:make or "
+                                         f"shmload.synthetic:images), got {text!r}")
+    return text
+
+
+# ---------------------------------------------------------------- errors
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` on one line. An exception a worker raised and the loader re-raised
+    (``errors.RemoteError.rebuild``: ``Caught Type in DataLoader worker process 0 while
+    loading batch 1 (...).`` and the worker's traceback) gives where and its own message."""
+    lines = str(exc).splitlines()
+    if len(lines) > 1 and lines[0].startswith("Caught ") and lines[1].startswith("Original Traceback"):
+        frames = [i for i, line in enumerate(lines) if line.startswith(" ")]
+        last = lines[frames[-1] + 1] if frames and frames[-1] + 1 < len(lines) else ""
+        message = last.partition(": ")[2] if ": " in last else last
+        where = lines[0][len("Caught "):].rstrip(".").replace("DataLoader worker", "worker")
+        return f"{where}: {message}" if message else where
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def user_code_failed(what: str, exc: BaseException) -> CommandError:
+    """The one-line error for an exception raised in the user's code, while doing ``what``."""
+    return CommandError(f"{what} raised {describe_exception(exc)}")
+
+
+def report(command: str, exc: BaseException, status: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    lines = ["interrupted"] if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines() or [type(exc).__name__]
+    # a cause is the exception the user's code raised; more lines are a traceback in the message
+    more = "; run with --debug for the traceback" if (exc.__cause__ or len(lines) > 1) and not debug else ""
+    print(f"shmload {command}: {lines[0]}{more}", file=sys.stderr)
+    return status
+
+
+# ---------------------------------------------------------------- shmload profile
+def _exec_file(module_name: str) -> Any:
+    path = os.path.abspath(module_name)
+    if not os.path.isfile(path):
+        raise CommandError(f"no Python file at {path}; give the path of a .py file, or a module name")
+    name = os.path.splitext(os.path.basename(path))[0]
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    sys.modules[name] = module  # workers started with spawn import it by this name
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        module.__spec__.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import(module_name: str) -> Any:
+    """The module ``module_name``: a dotted name (found from the current folder or the
+    installed packages) or a path to a ``.py`` file."""
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            return _exec_file(module_name)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(module_name)
+    except CommandError:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise CommandError(f"no module named {e.name!r} in {os.getcwd()} or the installed packages; check the "
+                               f"name, run from the folder that holds it, or give its path (./mydata.py)") from None
+        raise user_code_failed(f"importing {module_name}", e) from e
+    except Exception as e:
+        raise user_code_failed(f"importing {module_name}", e) from e
+
+
+def load_factory(spec: str) -> Any:
+    """The dataset named by ``MODULE:ATTRIBUTE`` (MODULE may be a path to a .py file); a
+    callable attribute is called with no arguments. Mistakes raise :class:`CommandError`."""
+    module_name, _, attr = _factory_spec(spec).partition(":")
+    module = _import(module_name)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        names = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, names, n=3)
+        hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else
+                f"it has: {', '.join(names[:10]) or 'nothing'}")
+        raise CommandError(f"module {module_name!r} has no attribute {attr!r}; {hint}") from None
+    dataset = obj
+    if callable(obj) and not hasattr(obj, "__getitem__"):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            raise CommandError(f"{spec} needs arguments, but FACTORY is called with none: give a function that "
+                               "takes none (def make(): return MyData('/data'))") from None
+        except ValueError:
+            pass  # no signature to check (a builtin)
+        try:
+            dataset = obj()
+        except Exception as e:
+            raise user_code_failed(spec, e) from e
+    missing = [m for m in ("__getitem__", "__len__") if not hasattr(dataset, m)]
+    if missing:
+        raise CommandError(f"{spec} gave a {type(dataset).__name__}, which has no {' or '.join(missing)}; "
+                           "expected a map-style dataset or a factory returning one")
+    try:
+        size = len(dataset)
+    except Exception as e:
+        raise user_code_failed(f"len() of {spec}", e) from e
+    if size < 1:
+        raise CommandError(f"{spec} has no samples (len() is {size}); give a dataset with at least one")
+    return dataset
 
 
 class Progress:
@@ -125,31 +261,60 @@ def recommend(results: dict[int, LoaderStats]) -> tuple[int, str]:
     return pick, why
 
 
+def contention_warning(results: dict[int, LoaderStats]) -> str | None:
+    """A warning when other programs took cores during some runs (``LoaderStats.contention``):
+    fewer cores for the runs with more workers make fewer workers look as good."""
+    flagged = {n: s.other_cores() or 0.0 for n, s in results.items() if s.contention()}
+    if not flagged:
+        return None
+    worst = max(flagged, key=flagged.get)
+    runs = ", ".join(map(str, sorted(flagged)))
+    return (f"other programs used up to {flagged[worst]:.2f} of the {results[worst].cores} usable cores during the "
+            f"runs (num_workers={runs}): the recommendation may be too low; run again on a quiet machine")
+
+
 def format_comparison(results: dict[int, LoaderStats]) -> str:
     lines = [f"{'workers':>7}{'batches/s':>11}{'MB/s':>9}{'stall':>8}{'workers busy':>14}{'fetch':>9}{'collate':>9}"
-             f"{'other':>8}{'main CPU':>10}{'total PSS':>12}",
-             f"{'':>7}{'':>11}{'':>9}{'':>8}{'':>14}{'ms/batch':>9}{'':>9}{'':>8}"]
+             f"{'other':>8}{'main CPU':>10}{'total PSS':>12}{'others':>8}",
+             f"{'':>7}{'':>11}{'':>9}{'':>8}{'':>14}{'ms/batch':>9}{'':>9}{'':>8}{'':>10}{'':>12}{'cores':>8}"]
     for n, s in sorted(results.items()):
         batches = max(1, sum(w.batches for w in s.workers))
         stages = s.stage_seconds()
         busy = sum(w.busy for w in s.workers) / max(1e-12, sum(w.busy + w.wait for w in s.workers))
         pss = [p for p in [s.main.pss] + [w.pss for w in s.workers] if p is not None]
         cpu = f"{100 * s.main.cpu / s.duration:.0f}%" if s.main.cpu is not None and s.duration else "-"
+        others = s.other_cores()
         lines.append(f"{n:>7}{s.batches_per_second:>11.1f}{s.bytes_per_second / 1e6:>9.1f}"
                      f"{100 * s.stall_fraction:>7.0f}%{100 * busy:>13.0f}%"
                      f"{1000 * stages['fetch'] / batches:>9.2f}{1000 * stages['collate'] / batches:>9.2f}"
                      f"{1000 * stages['other'] / batches:>8.2f}{cpu:>10}"
-                     f"{format_bytes(sum(pss)) if pss else '-':>12}")
+                     f"{format_size(sum(pss)) if pss else '-':>12}{'-' if others is None else f'{others:.2f}':>8}")
     return "\n".join(lines)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before minutes of profiling, what would fail at the end."""
+    for option, path in (("--trace", args.trace), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise CommandError(f"{option} {path}: the folder {folder} does not exist; create it or choose another")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("--plot needs matplotlib: pip install 'shmload[plot]' (or leave out --plot)")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     dataset = load_factory(args.factory)
     progress = Progress(args.batches * len(args.workers), sys.stderr.isatty() and not args.quiet)
     results: dict[int, LoaderStats] = {}
     try:
         for n in args.workers:
-            results[n] = profile_one(dataset, n, args, progress)
+            try:
+                results[n] = profile_one(dataset, n, args, progress)
+            except SharedMemoryError:
+                raise  # the machine's, not the dataset's: see NOTE [ Command errors ]
+            except Exception as e:
+                raise user_code_failed(f"loading {args.factory} with num_workers={n}", e) from e
     finally:
         progress.close()
     print(f"shmload profile {args.factory}: {len(dataset)} samples, batch_size={args.batch_size}, "
@@ -157,7 +322,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"{results[args.workers[0]].cores} usable cores\n")
     print(format_comparison(results))
     pick, why = recommend(results)
-    print(f"\nrecommended: num_workers={pick}: {why}.\n")
+    print(f"\nrecommended: num_workers={pick}: {why}.")
+    warning = contention_warning(results)
+    print(f"caution: {warning}.\n" if warning else "")
     print(f"profile with num_workers={pick}:\n")
     print(results[pick])
     if args.trace:
@@ -169,37 +336,95 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shmload", description="shmload's command-line tools.")
-    sub = parser.add_subparsers(dest="command", required=True)
+PROFILE_DESCRIPTION = """\
+Find out whether loading keeps up with training, and how many worker processes
+to use.
+
+Imports your dataset from MODULE:FACTORY, then for each worker count in
+--workers loads --batches batches (after a warm-up of two batches per worker)
+and prints the runs side by side: batches/s, MB/s (10**6 bytes a second), the
+stall (the share of time a training loop would wait for data), how busy the
+workers were, where a batch's time goes (ms/batch), the main process's CPU, the
+memory used (PSS), and the cores other programs used meanwhile. It recommends
+the fewest workers within 5% of the best throughput, and prints that run's full
+profile with a diagnosis.
+
+examples:
+  shmload profile mydata.py:make_dataset --batch-size 64 --workers 1,2,4
+  shmload profile shmload.synthetic:imagefolder     (the demo's JPEG folder)
+"""
+
+
+def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="find out whether loading keeps up, and how many workers to use",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("factory", metavar="MODULE:FACTORY",
-                   help="a dataset, or a callable returning one (e.g. shmload.synthetic:images, mydata.py:make)")
-    p.add_argument("--batch-size", type=int, default=64)
+                       description=PROFILE_DESCRIPTION)
+    p.add_argument("factory", metavar="MODULE:FACTORY", type=_factory_spec,
+                   help="where your dataset comes from: a module (importable from the current folder, or the path "
+                        "of a .py file), a colon, and the name of a dataset in it or of a function that returns "
+                        "one when called with no arguments (e.g. mydata:make, ./mydata.py:train_set, "
+                        "shmload.synthetic:images)")
+    p.add_argument("--batch-size", type=counted(1, "samples per batch"), default=64, metavar="N",
+                   help="samples per batch (default: 64)")
     p.add_argument("--workers", type=_worker_counts, default=[1, 2, 4], metavar="N,N,...",
-                   help="worker counts to try (default 1,2,4)")
-    p.add_argument("--batches", type=int, default=100, help="batches measured per worker count (default 100)")
-    p.add_argument("--step-ms", type=float, default=0.0,
-                   help="a simulated training step per batch, busy on the CPU (default 0: loading alone)")
-    p.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None)
-    p.add_argument("--trace", metavar="OUT.json", help="write the recommended run's Chrome trace here")
-    p.add_argument("--plot", metavar="OUT.png", help="draw the recommended run here (needs matplotlib)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+                   help="worker counts to compare, separated by commas; 0 loads in this process, without workers "
+                        "(default: 1,2,4)")
+    p.add_argument("--batches", type=counted(1, "batches per run"), default=100, metavar="N",
+                   help="batches timed for each worker count, after the warm-up (default: 100)")
+    p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="MS",
+                   help="milliseconds of simulated training per batch, spent busy on the CPU as a training step "
+                        "would be; 0 times loading alone (default: 0)")
+    p.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
+                   help="how worker processes start: fork copies this process (fastest); spawn and forkserver "
+                        "start fresh interpreters that import your module again (default: fork on Linux)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="also write the recommended run's timeline here, as a Chrome trace: open it in "
+                        "https://ui.perfetto.dev")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="also draw the recommended run's worker utilization and stage times here (needs "
+                        "matplotlib: pip install 'shmload[plot]')")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
     p.set_defaults(run=cmd_profile)
+    return p
+
+
+# ---------------------------------------------------------------- the command
+def build_parser() -> Parser:
     from .demo import add_parser as add_demo
     from .records.pack import add_parser as add_pack
 
-    add_demo(sub)
-    add_pack(sub)
+    parser = Parser(prog="shmload", description="shmload's command-line tools: try the loader on built-in images "
+                    "(demo), find how many workers your dataset needs (profile), pack an image folder into a few "
+                    "large files (pack). 'shmload COMMAND --help' describes a command's options.",
+                    epilog=DEBUG_HELP.format(command="COMMAND"))
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print the full Python traceback before the one-line message (the same as "
+                             "setting SHMLOAD_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add, name in ((add_demo, "demo"), (add_profile_parser, "profile"), (add_pack, "pack")):
+        p = add(sub)
+        p.epilog = textwrap.fill(DEBUG_HELP.format(command=name), 80)
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
+def debug_requested(args: argparse.Namespace) -> bool:
+    return bool(args.debug) or os.environ.get("SHMLOAD_DEBUG", "").strip() not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "batch_size", 1) < 1 or getattr(args, "batches", 1) < 1:
-        raise SystemExit("shmload profile: --batch-size and --batches must be at least 1")
-    return args.run(args)
+    """``shmload ...`` (the console script, and ``python -m shmload``): the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a usage error already printed on one line (2)
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        return args.run(args)
+    except KeyboardInterrupt as e:
+        return report(args.command, e, 130, debug_requested(args))
+    except CommandError as e:
+        return report(args.command, e, 2, debug_requested(args))
+    except ShmloadError as e:
+        return report(args.command, e, 1, debug_requested(args))
 
 
 if __name__ == "__main__":

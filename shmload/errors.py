@@ -141,3 +141,10 @@ class ShmloadWarning(UserWarning):
 
 class OptionalDependencyError(ShmloadError, ImportError):
     """A feature needs an optional package that is not installed."""
+
+
+class CommandError(ShmloadError):
+    """The ``shmload`` command was given something it cannot use (a missing folder, a
+    ``MODULE:FACTORY`` that does not import), or the user's own code it runs raised. The
+    message is one line naming what failed and what to do; the command exits with status 2
+    (see NOTE [ Command errors ] in ``cli.py``)."""

@@ -468,7 +468,7 @@ class DataLoader:
         Works during and after an epoch. ``memory=False`` skips reading each process's
         memory map (PSS/USS), which takes a few milliseconds per process."""
         return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
-                                               memory=memory)
+                                               memory=memory, dataset=self.dataset)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""

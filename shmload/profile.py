@@ -9,6 +9,9 @@ closes, so ``loader.stats()`` still answers after an epoch whose workers have ex
 A *window* starts when the loader is created and again at each :meth:`Profile.reset`;
 counters are cumulative, so a window's figures are today's totals minus those at its
 start. :meth:`Profile.snapshot` turns a window into a frozen :class:`~shmload.stats.LoaderStats`.
+
+The window also reads the machine's CPU time on the usable cores (``/proc/stat``) at
+both ends, so the snapshot can tell the cores' load by other programs from its own.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import counters
-from .stats import LoaderStats, MainStats, RingStats, WorkerStats
+from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
 
 CALLS = 16384  # next() calls of history kept for the trace
 OCCUPANCY = 8192  # ring occupancy samples kept
@@ -127,6 +130,35 @@ def cpu_seconds(pid: int) -> float | None:
     return t.user + t.system
 
 
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity)."""
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
+
+
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_cpu_seconds(cpus: set[int]) -> float | None:
+    """CPU seconds all processes together have spent on ``cpus`` since boot, from
+    ``/proc/stat``: user, nice, system, irq, softirq and steal (time a hypervisor gave the
+    CPU to another machine: it was not ours either). None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in cpus:
+            v = [int(x) for x in rest.split()] + [0] * 8
+            ticks += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+    return ticks / _TICKS_PER_SECOND
+
+
 def _memory(pid: int) -> tuple[int | None, int | None, int | None]:
     import psutil
 
@@ -159,6 +191,7 @@ class Profile:
         """Start a new window now."""
         self.started = _clock()
         self._cpu_main = time.process_time()
+        self._cpu_machine = machine_cpu_seconds(usable_cpus())
         self._base_totals = self._totals()
         self._base_consumer = self.consumer.figures()
         self._base_cpu = {pid: cpu for pid, cpu in self._live_cpu().items()}
@@ -212,11 +245,14 @@ class Profile:
         return out
 
     # ------------------------------------------------------------ the snapshot
-    def snapshot(self, num_workers: int, prefetch: int, memory: bool = True) -> LoaderStats:
+    def snapshot(self, num_workers: int, prefetch: int, memory: bool = True, dataset: Any = None) -> LoaderStats:
         """The window so far. ``num_workers`` and ``prefetch`` are the loader's settings,
-        used when no session is live (a live one reports its own)."""
+        used when no session is live (a live one reports its own); ``dataset``, if given,
+        is described in the snapshot so that its diagnosis names stages it really has."""
         now = _clock()
         duration = now - self.started
+        cpus = usable_cpus()
+        machine, cpu_main = self._cpu_window(cpus, duration)
         totals, base = self._totals(), self._base_totals
         pids: dict[int, int] = {}
         ring = None
@@ -243,14 +279,20 @@ class Profile:
         c, b = self.consumer.figures(), self._base_consumer
         mrss, mpss, muss = _memory(os.getpid()) if memory else (None, None, None)
         main = MainStats(os.getpid(), c[0] - b[0], c[1] - b[1], c[2] - b[2], c[3] - b[3],
-                         time.process_time() - self._cpu_main, mrss, mpss, muss)
+                         cpu_main, mrss, mpss, muss)
         ring_stats = self._ring_stats(ring)
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = os.cpu_count() or 1
-        return LoaderStats(duration, num_workers, cores, prefetch, main, tuple(workers), ring_stats,
-                           self._timeline(pids), self.reset)
+        return LoaderStats(duration, num_workers, len(cpus), prefetch, main, tuple(workers), ring_stats,
+                           self._timeline(pids), self.reset, machine_cpu=machine,
+                           dataset=describe_dataset(dataset) if dataset is not None else None)
+
+    def _cpu_window(self, cpus: set[int], duration: float) -> tuple[float | None, float]:
+        """The machine's CPU seconds on ``cpus`` and the main process's in the window, read
+        together (and before the memory maps, which cost the main process CPU). The kernel
+        counts in ticks (10 ms), so a short window may show more than it can hold: capped."""
+        machine, main = machine_cpu_seconds(cpus), time.process_time() - self._cpu_main
+        if machine is None or self._cpu_machine is None:
+            return None, main
+        return min(machine - self._cpu_machine, len(cpus) * duration), main
 
     def _ring_stats(self, ring: Any) -> RingStats | None:
         if ring is None:

@@ -15,6 +15,15 @@ The diagnosis answers three questions, each from numbers the table shows:
   ``step / batches``; keeping up takes ``ceil(worker cost / step cost)`` workers, at
   most the usable cores. (In a data-bound run the measured step is the consumer's own
   work, which is what it would do with data always ready.)
+
+Two things qualify the answers. What the dataset is (:class:`DatasetInfo`, when the
+snapshot was told) decides which advice the diagnosis gives for a slow fetch: image
+decoding advice only for datasets that decode images. And the cores may have been busy
+with other programs (:meth:`LoaderStats.contention`): then the figures, and a
+recommendation of fewer workers, may be too low.
+
+Every figure is printed in decimal units: kB, MB and GB (10**3, 10**6, 10**9 bytes) and
+MB/s, GB/s, as in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -23,10 +32,55 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import format_bytes
-
 DATA_BOUND_STALL = 0.10  # the consumer waits for data this share of its time or more
 BUSY_WORKERS = 0.80  # workers busy this share of their time or more: they are the limit
+# Other programs' CPU that counts as contention: at least this many cores on average, and
+# at least MIN_OTHER_SECONDS in all (the kernel counts CPU time in 10 ms ticks, so a short
+# window could show a fraction of a core that nobody used).
+OTHER_CORES = 0.2
+MIN_OTHER_SECONDS = 0.1
+
+
+def format_size(n: float) -> str:
+    """``n`` bytes in decimal units: 512 B, 32.0 kB, 9.6 MB, 1.50 GB."""
+    for unit, scale, digits in (("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_rate(bytes_per_second: float) -> str:
+    """A throughput in decimal units: 147.6 MB/s, 11.00 GB/s."""
+    return format_size(bytes_per_second) + "/s"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the diagnosis knows of the dataset, to name stages it really has."""
+
+    name: str  # its class (or function) name
+    images: bool = False  # it decodes images (ImageFolder, RecordDataset(image=True))
+    reduced_decode: bool = False  # by shmload.transforms, which decode JPEGs at reduced size
+    batched: bool = False  # it has __getitems__
+    stream: bool = False  # read with __iter__, not __getitem__
+
+
+def describe_dataset(dataset: Any) -> DatasetInfo:
+    """The :class:`DatasetInfo` of a dataset object (only its type and attributes are read;
+    an object whose attributes raise is described by its class name alone)."""
+    from .datasets import ImageFolder
+    from .records import RecordDataset
+
+    kind = type(dataset)
+    stream = not hasattr(kind, "__getitem__")
+    name = getattr(dataset, "__name__", None) if stream and callable(dataset) else None  # a generator function
+    try:
+        images = isinstance(dataset, ImageFolder) or (isinstance(dataset, RecordDataset) and bool(dataset.image))
+        transform = getattr(dataset, "transform", None)
+    except Exception:
+        return DatasetInfo(kind.__name__, stream=stream)
+    ours = transform is not None and type(transform).__module__.startswith("shmload.transforms")
+    return DatasetInfo(name or kind.__name__, images, images and ours, hasattr(kind, "__getitems__"), stream)
 
 
 @dataclass(frozen=True)
@@ -105,6 +159,10 @@ class LoaderStats:
     # Raw timelines for trace() and plot(): see profile.py for their columns.
     timeline: Any = field(default=None, repr=False, compare=False)
     _reset: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # CPU seconds all processes together spent on the usable cores in the window
+    # (/proc/stat); None if unknown.
+    machine_cpu: float | None = None
+    dataset: DatasetInfo | None = None  # None: not known to the snapshot
 
     # ------------------------------------------------------------ derived figures
     @property
@@ -135,6 +193,30 @@ class LoaderStats:
     def step_cost(self) -> float | None:
         """The consumer's own seconds per batch."""
         return self.main.step / self.main.batches if self.main.batches else None
+
+    def own_cpu(self) -> float | None:
+        """CPU seconds of this loader's processes (main and workers) in the window."""
+        cpus = [self.main.cpu] + [w.cpu for w in self.workers if w.id >= 0]  # in-process loading is main's
+        return None if any(c is None for c in cpus) else sum(cpus)
+
+    def other_cores(self) -> float | None:
+        """Cores used on average by other programs in the window: the machine's CPU on the
+        usable cores minus this loader's; None if either is unknown."""
+        own = self.own_cpu()
+        if self.machine_cpu is None or own is None or self.duration <= 0:
+            return None
+        return max(0.0, self.machine_cpu - own) / self.duration
+
+    def contention(self) -> str | None:
+        """A warning when other programs took cores this loader could have used: they used
+        at least :data:`OTHER_CORES` cores on average (and :data:`MIN_OTHER_SECONDS` in all),
+        and what they left is less than the main process and the workers could use."""
+        others = self.other_cores()
+        if others is None or others < OTHER_CORES or others * self.duration < MIN_OTHER_SECONDS:
+            return None
+        if self.cores - others >= min(self.num_workers + 1, self.cores):
+            return None
+        return f"other programs used {others:.2f} of the {self.cores} usable cores"
 
     def workers_needed(self) -> int | None:
         """Workers that keep up with the consumer: ceil(worker cost / step cost)."""
@@ -179,7 +261,7 @@ def _ms(seconds: float, batches: int) -> str:
 
 
 def _mem(value: int | None) -> str:
-    return format_bytes(value) if value is not None else "-"
+    return format_size(value) if value is not None else "-"
 
 
 def _cpu(cpu: float | None, duration: float) -> str:
@@ -190,10 +272,16 @@ def format_table(s: LoaderStats) -> str:
     m = s.main
     lines = [
         f"shmload profile: {m.batches} batches in {s.duration:.2f} s ({s.batches_per_second:.1f} batches/s, "
-        f"{format_bytes(s.bytes_per_second)}/s), num_workers={s.num_workers}, {s.cores} usable cores",
+        f"{format_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores",
         f"consumer: waiting in next() {m.stall:.2f} s ({100 * m.stall_fraction:.1f}% of its time: the data stall), "
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),
+    ]
+    others = s.other_cores()
+    if others is not None:
+        lines.append(f"cores: the {s.cores} usable cores were {100 * s.machine_cpu / s.duration / s.cores:.0f}% busy: "
+                     f"this loader {s.own_cpu() / s.duration:.2f} cores, other programs {others:.2f}")
+    lines += [
         "",
         f"{'':<18}{'batches':>8}{'busy':>7}{'ms/batch: wait':>16}{'fetch':>8}{'collate':>9}{'other':>8}"
         f"{'CPU':>7}{'RSS':>11}{'PSS':>11}{'USS':>11}",
@@ -208,10 +296,10 @@ def format_table(s: LoaderStats) -> str:
                  f"{_cpu(m.cpu, s.duration):>7}{_mem(m.rss):>11}{_mem(m.pss):>11}{_mem(m.uss):>11}")
     pss = [p for p in [m.pss] + [w.pss for w in s.workers] if p is not None]
     if pss:
-        lines.append(f"total PSS (shared memory counted once): {format_bytes(sum(pss))}")
+        lines.append(f"total PSS (shared memory counted once): {format_size(sum(pss))}")
     if s.ring is not None and s.ring.samples:
         r = s.ring
-        lines.append(f"ring: {r.slots} slots x {format_bytes(r.slot_bytes)}; mean occupancy free {r.free:.1f}, "
+        lines.append(f"ring: {r.slots} slots x {format_size(r.slot_bytes)}; mean occupancy free {r.free:.1f}, "
                      f"filling {r.filling:.1f}, ready {r.ready:.1f}, held by the consumer {r.held:.1f} "
                      f"({r.samples} samples)")
     return "\n".join(lines)
@@ -219,13 +307,32 @@ def format_table(s: LoaderStats) -> str:
 
 # ---------------------------------------------------------------- the diagnosis
 _STAGE_ADVICE = {
-    "fetch": "the dataset's __getitem__ (decode less: reduced-size JPEG decoding, smaller source images; "
-             "cache decoded data; serve whole batches with __getitems__)",
     "collate": "collate and the copy into the slot (return fixed-shape, contiguous numpy arrays; avoid a "
                "collate_fn that builds Python objects or copies twice)",
     "other": "the loader's own per-batch work (seeding, waiting for a larger ring slot, reporting): pass "
              "slot_bytes so the ring is sized once, or use larger batches",
 }
+
+
+def stage_advice(stage: str, dataset: DatasetInfo | None) -> str:
+    """What to speed up in ``stage``, naming only what the dataset is known to do."""
+    if stage != "fetch":
+        return _STAGE_ADVICE[stage]
+    d = dataset or DatasetInfo("")
+    if d.images and d.reduced_decode:
+        how = ("image decoding, which shmload.transforms already do at reduced size: store smaller source "
+               "images, or pass fast_decode=True (libjpeg's fast DCT)")
+    elif d.images:
+        how = ("image decoding at full size: decode with shmload.transforms (train_pipeline, RandomResizedCrop, "
+               "Resize), which decode JPEGs at 1/2, 1/4 or 1/8 size when the output allows; or use smaller "
+               "source images")
+    else:
+        how = "do less work per sample; cache what it reads or computes"
+    if not d.batched and not d.stream:
+        how += "; serve whole batches with __getitems__"
+    method = "__iter__" if d.stream else "__getitem__"
+    owner = f"{d.name}." if d.name else "the dataset's "
+    return f"{owner}{method} ({how})"
 
 
 def diagnose(s: LoaderStats) -> str:
@@ -256,7 +363,7 @@ def diagnose(s: LoaderStats) -> str:
                          f"{worker_ms:.2f} ms to load and the step {step_ms:.2f} ms, so keeping up takes about "
                          f"{needed} workers; {s.cores} cores are usable.")
             if needed is not None and needed > s.cores:
-                parts.append(f"That is fewer than needed: also speed up {_STAGE_ADVICE[top]}.")
+                parts.append(f"That is fewer than needed: also speed up {stage_advice(top, s.dataset)}.")
         elif util >= BUSY_WORKERS:
             room = s.cores - s.num_workers
             if needed is not None and needed > s.num_workers and room > 0:
@@ -265,11 +372,12 @@ def diagnose(s: LoaderStats) -> str:
                              f"time; a batch costs a worker {worker_ms:.2f} ms and the consumer {step_ms:.2f} ms, so "
                              f"keeping up takes about {needed} workers, and {s.cores} cores are usable.")
                 if needed > s.cores:
-                    parts.append(f"That is fewer than the {needed} needed: also speed up {_STAGE_ADVICE[top]}.")
+                    parts.append(f"That is fewer than the {needed} needed: also speed up "
+                                 f"{stage_advice(top, s.dataset)}.")
             else:
                 why = (f"{s.num_workers} workers already use the {s.cores} usable cores" if room <= 0 else
                        f"more workers would not help much (about {needed} needed)")
-                parts.append(f"Recommendation: speed up {_STAGE_ADVICE[top]}. The workers are busy "
+                parts.append(f"Recommendation: speed up {stage_advice(top, s.dataset)}. The workers are busy "
                              f"{100 * util:.0f}% of the time and {why}.")
         else:
             parts.append(f"Recommendation: a deeper queue: prefetch_factor={2 * s.prefetch} (now {s.prefetch} tasks "
@@ -286,4 +394,8 @@ def diagnose(s: LoaderStats) -> str:
                          f"consumer {step_ms:.2f} ms.")
         else:
             parts.append("Recommendation: nothing to change in the loader; speed up the training step itself.")
+    contention = s.contention()
+    if contention:
+        parts.append(f"Caution: {contention} during this window, leaving this loader fewer than it could use: "
+                     "the throughput and the recommendation may be too low; measure again on a quiet machine.")
     return "\n".join(parts)

@@ -19,8 +19,9 @@ import pytest
 import shmload
 from shmload import counters
 from shmload.errors import OptionalDependencyError
-from shmload.profile import CALLS, ConsumerClock
-from shmload.stats import LoaderStats, MainStats, WorkerStats, diagnose
+from shmload.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
+from shmload.stats import (DatasetInfo, LoaderStats, MainStats, WorkerStats, describe_dataset, diagnose, format_rate,
+                           format_size)
 
 from .helpers import SleepyCollate, SleepyDataset
 
@@ -97,12 +98,14 @@ def test_consumer_clock_totals_survive_more_calls_than_it_keeps():
 
 
 def _stats(num_workers=2, cores=2, stall=0.0, step=1.0, batches=100, fetch=0.5, collate=0.1, other=0.05,
-           wait=0.0, prefetch=2) -> LoaderStats:
+           wait=0.0, prefetch=2, cpu=None, machine_cpu=None, dataset=None) -> LoaderStats:
+    """``cpu``: CPU seconds of each process of the loader; ``machine_cpu``: of all processes."""
     per = max(1, num_workers)
     workers = tuple(WorkerStats(i if num_workers else -1, 1000 + i, batches // per, batches // per * 4, 0, wait / per,
-                                fetch / per, collate / per, other / per) for i in range(per))
-    main = MainStats(1, batches, 0, stall, step)
-    return LoaderStats(stall + step, num_workers, cores, prefetch, main, workers, None)
+                                fetch / per, collate / per, other / per, cpu) for i in range(per))
+    main = MainStats(1, batches, 0, stall, step, cpu)
+    return LoaderStats(stall + step, num_workers, cores, prefetch, main, workers, None, machine_cpu=machine_cpu,
+                       dataset=dataset)
 
 
 def test_data_bound_with_busy_workers_and_spare_cores_recommends_more_workers():
@@ -137,6 +140,81 @@ def test_loading_in_process_is_told_to_use_workers():
 
 def test_an_empty_window_says_so():
     assert "no batch delivered" in diagnose(_stats(batches=0, stall=0.0, step=0.0))
+
+
+def test_figures_are_printed_in_decimal_units():
+    assert [format_size(n) for n in (512, 32_000, 9_633_792, 1.5e9)] == ["512 B", "32.0 kB", "9.6 MB", "1.50 GB"]
+    assert format_rate(147_650_000) == "147.7 MB/s" and format_rate(11e9) == "11.00 GB/s"
+    s = _stats(num_workers=2, stall=0.5, step=0.5)
+    s = LoaderStats(1.0, 2, 2, 2, MainStats(1, 10, 96_000_000, 0.5, 0.5, rss=37_000_000), s.workers, None)
+    assert re_search(r"10\.0 batches/s, 96\.0 MB/s\)", str(s)) and re_search(r"main \(1\) .* 37\.0 MB", str(s))
+    assert not re_search(r"\b[KMG]iB\b", str(s))
+
+
+FETCH_BOUND = dict(num_workers=2, cores=2, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05)
+
+
+def test_the_fetch_advice_of_a_plain_dataset_names_its_getitem_and_no_image_decoding():
+    text = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("Arrays")))
+    assert re_search(r"speed up Arrays\.__getitem__ \(do less work per sample; cache what it reads or computes; "
+                     r"serve whole batches with __getitems__\)", text)
+    assert "JPEG" not in text and "decod" not in text
+    unknown = diagnose(_stats(**FETCH_BOUND))  # a snapshot not told what the dataset is
+    assert "speed up the dataset's __getitem__ (do less work per sample" in unknown and "JPEG" not in unknown
+    batched = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("ArrayDataset", batched=True)))
+    assert "__getitems__" not in batched
+
+
+def test_the_fetch_advice_of_an_image_dataset_is_about_decoding():
+    full = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("ImageFolder", images=True)))
+    assert re_search(r"speed up ImageFolder\.__getitem__ \(image decoding at full size: decode with "
+                     r"shmload\.transforms .* 1/2, 1/4 or 1/8 size", full)
+    reduced = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("ImageFolder", images=True, reduced_decode=True)))
+    assert re_search(r"image decoding, which shmload\.transforms already do at reduced size: .*fast_decode=True",
+                     reduced)
+
+
+def test_describe_dataset_knows_image_datasets_and_their_transforms(tmp_path):
+    from PIL import Image
+
+    from shmload.datasets import ArrayDataset, ImageFolder
+    from shmload.synthetic import SyntheticImages
+    from shmload.transforms import train_pipeline
+
+    os.makedirs(tmp_path / "cat")
+    Image.new("RGB", (8, 8)).save(tmp_path / "cat" / "a.jpg")
+    assert describe_dataset(ImageFolder(tmp_path, transform=train_pipeline(4))) == \
+        DatasetInfo("ImageFolder", images=True, reduced_decode=True)
+    assert describe_dataset(ImageFolder(tmp_path, transform=lambda img: img)) == DatasetInfo("ImageFolder", True)
+    assert describe_dataset(SyntheticImages(4, 8)) == DatasetInfo("SyntheticImages")
+    assert describe_dataset(ArrayDataset(np.zeros(4))).batched
+    assert describe_dataset(lambda: iter(range(3))).stream
+
+
+def test_contention_is_flagged_only_when_others_took_cores_the_loader_could_use():
+    # a 4 s window; the main process and 2 workers used 1 CPU second each: 0.75 cores
+    busy = dict(FETCH_BOUND, stall=3.9, step=0.1, cpu=1.0)
+    quiet = _stats(**busy, machine_cpu=3.4)  # others: 0.4 s, 0.1 core
+    assert quiet.other_cores() == pytest.approx(0.1) and quiet.contention() is None
+    assert "Caution" not in diagnose(quiet)
+    loaded = _stats(**busy, machine_cpu=6.6)  # others: 3.6 s, 0.9 of the 2 cores
+    assert loaded.contention() == "other programs used 0.90 of the 2 usable cores"
+    assert re_search(r"\nCaution: other programs used 0\.90 of the 2 usable cores during this window, .* may be "
+                     r"too low; measure again on a quiet machine\.$", diagnose(loaded))
+    assert re_search(r"cores: the 2 usable cores were 82% busy: this loader 0\.75 cores, other programs 0\.90",
+                     loaded.table())
+    roomy = _stats(**dict(busy, cores=16), machine_cpu=6.6)  # 15.1 cores left for 3 processes
+    assert roomy.contention() is None
+    assert _stats(**busy).other_cores() is None and _stats(**busy).contention() is None  # not measured
+
+
+def test_the_machines_cpu_time_counts_this_process_spinning():
+    cpus = usable_cpus()
+    before = machine_cpu_seconds(cpus)
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert before is not None and machine_cpu_seconds(cpus) - before >= 0.15
 
 
 def re_search(pattern, text):
@@ -291,6 +369,6 @@ def test_profile_command_compares_worker_counts_and_recommends_one(tmp_path):
 @pytest.mark.timeout(60)
 def test_profile_command_explains_a_bad_factory():
     out = run_cli("profile", "tests.helpers:no_such_thing", "--workers", "1", "--batches", "2", "--quiet")
-    assert out.returncode != 0 and "module 'tests.helpers' has no attribute 'no_such_thing'" in out.stderr
+    assert out.returncode == 2 and "module 'tests.helpers' has no attribute 'no_such_thing'" in out.stderr
     out = run_cli("profile", "tests.helpers", "--quiet")
-    assert out.returncode != 0 and "expected MODULE:FACTORY" in out.stderr
+    assert out.returncode == 2 and "expected MODULE:FACTORY" in out.stderr
