@@ -12,6 +12,7 @@ from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, Optiona
 from .iterable import GeneratorSource
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from .sharding import DistributedWarning
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .worker import WorkerInfo, get_worker_info
 
@@ -24,6 +25,7 @@ __all__ = [
     "DataLoader",
     "DeferredArray",
     "DistributedSampler",
+    "DistributedWarning",
     "GeneratorSource",
     "ImageDecodeError",
     "LoaderStats",

@@ -17,12 +17,11 @@ shuffle alike), whatever seed each rank's loader has.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Iterator, Sized
 
 import numpy as np
 
-from . import seeding
+from . import seeding, sharding
 from ._checks import check_int
 from .sampler import check_state
 
@@ -30,10 +29,9 @@ from .sampler import check_state
 def world() -> tuple[int, int, str]:
     """(world size, rank, where they came from): ``torch.distributed`` when it is
     initialized, else the ``WORLD_SIZE``/``RANK`` environment that torchrun sets."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank(), "torch.distributed"
+    group = sharding.torch_world()
+    if group is not None:
+        return group[0], group[1], "torch.distributed"
     size, rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
     if size is None or rank is None:
         raise RuntimeError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from . import layout as _layout
 from . import lifetime, seeding
@@ -38,11 +38,34 @@ _clock = time.perf_counter
 
 class _Epoch:
     """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's,
-    and every ``next()`` is timed for the profiler (``profile.ConsumerClock``)."""
+    every ``next()`` is timed for the profiler (``profile.ConsumerClock``), and the epoch
+    begins at the first ``next()`` (see NOTE [ An epoch begins at its first batch ] in
+    loader.py): ``_claim()`` then gives its number, schedule and progress."""
 
     _length: int | None
     _profile: Profile
+    _claim: Callable[[], tuple[int, Any, Any]]
     _nbytes = 0  # array bytes of the batch _produce() returned
+    epoch: int | None = None
+    schedule: Any = None  # None until the epoch begins
+    progress: Any = None
+
+    def _begin(self) -> None:
+        self.epoch, self.schedule, self.progress = self._claim()
+
+    def at_end(self) -> bool | None:
+        """Whether the batch ``next()`` returned last was the epoch's last, so the next
+        ``next()`` raises StopIteration (what accelerate's gradient accumulation needs to
+        know at that batch, see integrations/hf_accelerate.py). None when that cannot be
+        known without waiting: an iterable source's end shows only when it is read."""
+        if self.schedule is None:
+            return False
+        if self._cfg.iterable:
+            return True if self.progress.finished else None
+        return self.schedule.peek() is None and self._pending() == 0
+
+    def _pending(self) -> int:
+        return 0
 
     def __iter__(self) -> _Epoch:
         return self
@@ -70,15 +93,16 @@ class _Epoch:
 class SingleProcessEpoch(_Epoch):
     """``num_workers=0``: each batch is loaded when asked for, in the calling process."""
 
-    def __init__(self, cfg: LoaderConfig, schedule: Any, progress: Any, epoch: int, length: int | None,
+    def __init__(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                  profile: Profile, stream: Stream | None = None):
-        self._cfg, self.schedule, self.progress = cfg, schedule, progress
-        self.epoch, self._length = epoch, length
+        self._cfg, self._claim, self._length = cfg, claim, length
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
 
     def _produce(self) -> Any:
+        if self.schedule is None:
+            self._begin()
         while True:
             planned = self.schedule.peek()
             if planned is None:
@@ -148,13 +172,12 @@ _ENDED = object()  # _load(): the stream ended, no batch
 
 
 class MultiprocessEpoch(_Epoch):
-    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool, schedule: Any, progress: Any,
-                 epoch: int, length: int | None, loader: Any, profile: Profile):
+    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
+                 claim: Callable[[], tuple[int, Any, Any]], length: int | None, loader: Any, profile: Profile):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
         self._profile = profile
         self._cfg, self._session = cfg, session
-        self.schedule, self.progress = schedule, progress
-        self.epoch, self._length = epoch, length
+        self._claim, self._length = claim, length
         self._iteration = session.begin_iteration()
         self._reorder = ReorderBuffer(cfg.in_order)
         self._exhausted = False
@@ -172,6 +195,8 @@ class MultiprocessEpoch(_Epoch):
         if self._session.iteration != self._iteration or self._session.closed:
             raise ShmloadError("this iterator can no longer be used: a newer iter() of the same loader "
                                "(persistent_workers=True) or close() took over its workers")
+        if self.schedule is None:
+            self._begin()
         try:
             return self._next()
         except StopIteration:
@@ -238,6 +263,9 @@ class MultiprocessEpoch(_Epoch):
             self._session.collect_releases()  # so batches the consumer let go count as free
             consumer.sample_ring(self._session.ring)
         return self._session.deliver(result)
+
+    def _pending(self) -> int:
+        return len(self._reorder)  # dispatched, or ready, and not yet yielded
 
     def _timed_out(self) -> LoaderTimeoutError:
         missing = sorted(self._reorder.missing)

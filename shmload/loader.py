@@ -9,12 +9,13 @@ non-default value, never silently ignored.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import numbers
 import weakref
 from typing import Any, NamedTuple
 
-from . import _platform, seeding
+from . import _platform, seeding, sharding
 from . import resume as _resume
 from ._checks import check_int
 from .collate import default_collate
@@ -23,7 +24,7 @@ from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import OptionalDependencyError
 from .profile import Profile
-from .distributed import current_rank
+from .distributed import DistributedSampler, current_rank
 from .iterable import Stream, as_source, is_iterable_source
 from .resume import BatchProgress, StreamProgress
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -135,7 +136,7 @@ def _check_unchanged(source: Any, resume: dict, state: Any) -> None:
             f"the sampler {type(source).__name__} changed after load_state_dict(): its state is {state!r}, "
             f"but the saved position (batch {resume['next_batch']} of epoch {resume['epoch']}) belongs to the "
             f"saved state {resume['sampler']!r}. Do not move the sampler (set_epoch of another epoch) between "
-            "load_state_dict() and iter()")
+            "load_state_dict() and the resumed epoch's first batch")
 
 
 class DataLoader:
@@ -154,7 +155,7 @@ class DataLoader:
                  generator: Any = None, *, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
-                 max_shm_bytes: int | None = None, max_worker_restarts: int = 0):
+                 max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None):
         user_dataset = dataset
         dataset, iterable = _classify(dataset)
         if iterable:
@@ -163,6 +164,8 @@ class DataLoader:
         check_int("seed", seed, 0, allow_none=True)
         for name, flag in (("persistent_workers", persistent_workers), ("drop_last", drop_last)):
             _check_bool(name, flag)
+        if distributed not in (None, False, True):
+            raise ValueError(f"distributed should be True, False or None, but got distributed={distributed!r}")
         if shuffle not in (None, False, True):
             raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
         if pin_memory:
@@ -189,7 +192,8 @@ class DataLoader:
             raise ValueError("sampler option is mutually exclusive with shuffle")
 
         self.seed = int(seed) if seed is not None else seeding.draw_base_seed(generator)
-        self._own_sampler = sampler is None
+        self._seed_given = seed is not None or generator is not None  # the same on every rank, presumably
+        self._own_sampler = sampler is None and batch_sampler is None
         auto_batch = batch_size is not None or batch_sampler is not None
         # What fixes the epoch's order, and whose state resume saves (resume.py)
         order_source = batch_sampler if batch_sampler is not None else sampler
@@ -231,12 +235,17 @@ class DataLoader:
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
         self.max_worker_restarts = max_worker_restarts
+        self.distributed = distributed  # read at every iter(): see sharding.py
         self._auto_batch = auto_batch
+        self._shuffle = bool(shuffle)
+        self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
+        self._shard: tuple[int, int] | None = None  # (world size, rank) the own sampler shards by
+        self._notes: set[str] = set()  # sharding messages given already
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
-        self._next_epoch = 0
-        self._resume: dict | None = None  # a loaded state, for the next iter()
-        self._progress: Any = None  # the latest epoch's record (resume.py), kept when its iterator is gone
+        self._next_epoch = 0  # the epoch the next iterator claims at its first batch
+        self._resume: dict | None = None  # a loaded state, for the next epoch to begin
+        self._progress: Any = None  # the newest iterator's record (resume.py), kept when it is gone; None: not begun
         self._sessions = _Sessions()
         self._finalizer = weakref.finalize(self, _Sessions.close, self._sessions)
         self._initialized = True
@@ -293,23 +302,21 @@ class DataLoader:
                                               "shmload is tested with; or pip install 'shmload[torch]')") from exc
 
     # ------------------------------------------------------------ iteration
+    # NOTE [ An epoch begins at its first batch ]
+    # iter() starts the workers (as torch's does) but claims no epoch: the epoch's number,
+    # its order and the sampler state that resume saves are all fixed at the iterator's
+    # first next(), by _claim(). Two things need this. Trainers call iter() and throw
+    # the iterator away (Lightning probes every loader that is not torch's), and such an
+    # iterator must not use up an epoch. And trainers move the sampler between iter()
+    # and the first batch (Lightning calls sampler.set_epoch() after iter() in the first
+    # epoch of a run), so the order is only known then, and the saved state must be the
+    # one the order was drawn from. Nothing is loaded before the claim, so nothing is
+    # lost when an iterator is thrown away unstarted.
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
-        resume, next_epoch = self._resume, self._next_epoch
-        try:
-            return self._begin_epoch()
-        except BaseException:
-            self._resume, self._next_epoch = resume, next_epoch  # a retry starts this epoch again
-            raise
-
-    def _begin_epoch(self) -> SingleProcessEpoch | MultiprocessEpoch:
-        resume, self._resume = self._resume, None
-        epoch = resume["epoch"] if resume is not None else self._next_epoch
-        self._next_epoch = epoch + 1
+        self._sync_distributed()
         cfg = self._config()
-        if cfg.iterable:
-            schedule, progress = self._stream_plan(cfg, resume)
-        else:
-            schedule, progress = self._sampler_plan(epoch, resume)
+        if self._resume is not None:
+            self._check_resume(cfg)  # at once, as well as when the epoch begins
         length = self._length()
         sessions = self._sessions
         if sessions.persistent is not None and not owned_here(sessions.persistent.owner_pid):
@@ -318,30 +325,50 @@ class DataLoader:
         if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
             sessions.persistent.close()  # settings changed since its workers started
             sessions.persistent = None
+        claim = functools.partial(self._claim, cfg)
         if cfg.num_workers == 0:
             if cfg.iterable and sessions.stream is None:
                 sessions.stream = Stream(cfg.dataset)  # reset_state(), once per loader
-            it: Any = SingleProcessEpoch(cfg, schedule, progress, epoch, length, sessions.profile, sessions.stream)
+            it: Any = SingleProcessEpoch(cfg, claim, length, sessions.profile, sessions.stream)
         elif cfg.persistent_workers:
             if sessions.persistent is None or sessions.persistent.closed:
                 sessions.persistent = Session(cfg, sessions.restarts, sessions.profile)
                 sessions.live.add(sessions.persistent)
-            it = MultiprocessEpoch(cfg, sessions.persistent, False, schedule, progress, epoch, length, self,
-                                   sessions.profile)
+            it = MultiprocessEpoch(cfg, sessions.persistent, False, claim, length, self, sessions.profile)
         else:
             session = Session(cfg, sessions.restarts, sessions.profile)
             sessions.live.add(session)
-            it = MultiprocessEpoch(cfg, session, True, schedule, progress, epoch, length, self, sessions.profile)
-        progress.epoch = epoch
-        self._progress = progress
+            it = MultiprocessEpoch(cfg, session, True, claim, length, self, sessions.profile)
+        self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
         return it
 
-    def _sampler_plan(self, epoch: int, resume: dict | None) -> tuple[SamplerSchedule, BatchProgress]:
-        """The epoch's batches, from the position a loaded state says. The sampler's state
-        is taken now, before the first batch is pulled (see resume.py)."""
+    def _claim(self, cfg: LoaderConfig) -> tuple[int, Any, Any]:
+        """The epoch begins (see the note above): (its number, schedule, progress). The
+        loader's state changes only if all of it succeeds, so a failure (a sampler moved
+        after load_state_dict, say) leaves the resume for a retry."""
+        resume = self._resume
+        epoch = resume["epoch"] if resume is not None else self._next_epoch
+        if cfg.iterable:
+            schedule, progress = self._stream_plan(cfg, resume)
+        else:
+            schedule, progress = self._sampler_plan(resume)
+        progress.epoch = epoch
+        self._resume, self._next_epoch, self._progress = None, epoch + 1, progress
+        return epoch, schedule, progress
+
+    def _check_resume(self, cfg: LoaderConfig) -> None:
+        """Refuse at iter() what the loaded state cannot be resumed with."""
+        if cfg.iterable:
+            self._stream_plan(cfg, self._resume)
+        elif self._resume["next_batch"] or self._resume["delivered_beyond"]:
+            _check_unchanged(self._order_source, self._resume, _capture(self._order_source))
+
+    def _sampler_plan(self, resume: dict | None) -> tuple[SamplerSchedule, BatchProgress]:
+        """The epoch's batches, from the position a loaded state says. The order is drawn
+        now, right after the sampler's state is taken, so the state is the one it was drawn
+        from; and before the first batch is pulled, since the loader pulls batches ahead of
+        the consumer (see resume.py)."""
         source = self._order_source
-        if self._own_sampler and isinstance(self.sampler, RandomSampler):
-            self.sampler.set_epoch(epoch)  # the loader's epoch decides its own sampler's
         sampler_state = _capture(source)
         if resume is not None and (resume["next_batch"] or resume["delivered_beyond"]):
             _check_unchanged(source, resume, sampler_state)
@@ -351,8 +378,9 @@ class DataLoader:
             batches = self.batch_sampler.batches_from(start)
         else:
             batches = itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
-        progress = BatchProgress(start, skip, sampler_state)
-        return SamplerSchedule(batches, start, skip), progress
+        schedule = SamplerSchedule(batches, start, skip)
+        schedule.peek()  # draws the order (samplers and batch samplers are lazy generators)
+        return schedule, BatchProgress(start, skip, sampler_state)
 
     def _stream_plan(self, cfg: LoaderConfig, resume: dict | None) -> tuple[RoundRobinSchedule, StreamProgress]:
         streams = max(1, cfg.num_workers)
@@ -382,7 +410,39 @@ class DataLoader:
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        self._sync_distributed()
         return len(self.batch_sampler) if self.batch_sampler is not None else len(self.sampler)
+
+    # ------------------------------------------------------------ distributed (sharding.py)
+    def _sync_distributed(self) -> None:
+        """Follow torch.distributed: shard the loader's own sampler while a process group
+        of more than one process is initialized, warn about a user's sampler that does not
+        shard, and mix the current rank into the batch seeds."""
+        if self._iterable:
+            return  # a stream shards itself (by get_worker_info() and the rank)
+        order = self._order_source if not self._own_sampler else None
+        decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
+        sharding.warn_once(self._notes, decision.warn)
+        if self._own_sampler and decision.shard != self._shard:
+            self._reshard(decision.shard)
+        rank = current_rank(self.sampler)
+        if rank != self._rank:
+            self._rank = rank
+            self._cfg = None
+
+    def _reshard(self, shard: tuple[int, int] | None) -> None:
+        sampler = self._base_sampler
+        if shard is not None:
+            size, rank = shard
+            sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
+                                         seed=self.seed if self._seed_given else 0)
+            sampler.set_epoch(self._next_epoch)
+        elif hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self._next_epoch)
+        batch_sampler = BatchSampler(sampler, self.batch_size, self.drop_last) if self.batch_size is not None else None
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler), ("_order_source", sampler),
+                            ("_shard", shard)):
+            object.__setattr__(self, name, value)  # (sampler and batch_sampler are frozen to the user)
 
     # ------------------------------------------------------------ resume
     def state_dict(self) -> dict:
@@ -392,6 +452,7 @@ class DataLoader:
         sampler's (or source's) own state is; see docs/api.md."""
         if self._resume is not None:
             return self._resume  # loaded, not used yet
+        self._sync_distributed()
         current = self._progress
         live = current is not None and not current.finished
         if self._iterable:
@@ -402,8 +463,6 @@ class DataLoader:
         if live:
             return _resume.map_state(current.epoch, self.seed, _saved(current.sampler_state), current,
                                      self._batching())
-        if self._own_sampler and isinstance(self.sampler, RandomSampler):
-            self.sampler.set_epoch(self._next_epoch)
         return _resume.map_state(self._next_epoch, self.seed, _saved(_capture(self._order_source)), None,
                                  self._batching())
 
@@ -435,6 +494,8 @@ class DataLoader:
                              "of the saved size")
         if not self._iterable:
             check_int("next_batch", state["next_batch"], 0)
+            self._sync_distributed()
+            self._check_same_sharding(state["sampler"])
             _check_resumable(self._order_source)
             self._order_source.load_state_dict(state["sampler"])
         elif any(s["state"] is not None for s in state["streams"]):
@@ -444,17 +505,37 @@ class DataLoader:
         self._resume = state
         self._next_epoch = int(state["epoch"])
 
+    def _check_same_sharding(self, saved: Any) -> None:
+        """A state saved by a rank that sharded by itself loads only into a loader that
+        shards alike (``DistributedSampler`` checks the rank and world size)."""
+        if not self._own_sampler or not isinstance(saved, dict):
+            return
+        if "num_replicas" in saved and self._shard is None:
+            raise ValueError(
+                f"load_state_dict: the state was saved by rank {saved.get('rank')} of {saved['num_replicas']} "
+                "processes, where this loader read only its rank's share, but torch.distributed is not initialized "
+                "here (or distributed=False): initialize the process group before load_state_dict(), with the same "
+                "world size")
+        if "num_replicas" not in saved and self._shard is not None:
+            raise ValueError(
+                f"load_state_dict: the state was saved by a loader reading the whole dataset, but this one reads "
+                f"rank {self._shard[1]}'s share of {self._shard[0]} processes (torch.distributed is initialized): a "
+                "position means nothing in another order. Resume in the same kind of job, or pass distributed=False")
+
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` epoch ``epoch`` (later ones continue epoch+1, ...); also
-        forwarded to a sampler or batch sampler of yours that has ``set_epoch``. After
-        :meth:`load_state_dict`, another epoch than the saved one cancels the resume."""
+        """Make the next epoch ``epoch`` (later ones continue epoch+1, ...), also for an
+        iterator made by ``iter()`` that has not yielded its first batch yet; forwarded to
+        the sampler (or batch sampler) that has ``set_epoch``. After
+        :meth:`load_state_dict`, another epoch than the saved one cancels the resume; the
+        saved one keeps it, and leaves the loaded sampler as it is."""
         check_int("epoch", epoch, 0)
         self._next_epoch = int(epoch)
-        if self._resume is not None and self._resume["epoch"] != epoch:
+        if self._resume is not None:
+            if self._resume["epoch"] == epoch:
+                return
             self._resume = None
         source = self._order_source
-        if source is not None and not (self._own_sampler and source is self.sampler) \
-                and hasattr(source, "set_epoch"):
+        if source is not None and hasattr(source, "set_epoch"):
             source.set_epoch(epoch)
 
     # ------------------------------------------------------------ profile
@@ -485,6 +566,24 @@ class DataLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __getstate__(self) -> dict:
+        """A pickled loader (Lightning's ddp_spawn sends it to its processes) carries its
+        settings, its sampler and the epoch it is at, not its workers (the copy starts its
+        own) nor an epoch running in this process: the copy begins the next epoch. To
+        continue a running epoch elsewhere, save ``state_dict()``."""
+        state = dict(self.__dict__)
+        for name in ("_sessions", "_finalizer", "_cfg"):
+            del state[name]
+        state["_progress"] = None
+        context = state["multiprocessing_context"]
+        if hasattr(context, "get_start_method"):
+            state["multiprocessing_context"] = context.get_start_method()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _cfg=None, _sessions=_Sessions())
+        self.__dict__["_finalizer"] = weakref.finalize(self, _Sessions.close, self._sessions)
 
     def __repr__(self) -> str:
         if self.num_workers == 0:

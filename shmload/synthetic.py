@@ -40,6 +40,29 @@ def images(n: int = 4096, size: int = 224) -> SyntheticImages:
 
 
 # ---------------------------------------------------------------- a folder of JPEGs
+class SyntheticRegression:
+    """``n`` samples ``{"x": float32 [features], "y": float32, "id": int}`` for a linear
+    model to fit: ``x`` from a generator seeded by the index, plus a little noise from
+    numpy's global generator (an "augmentation": the loader seeds it per batch, so the
+    noise is the same for any ``num_workers`` and after a resume), ``y`` a fixed linear
+    function of ``x``, and the index itself, so a test can tell which samples it saw.
+    The trainer examples (``examples/*_train.py``) use it."""
+
+    def __init__(self, n: int = 96, features: int = 8):
+        self.n = n
+        self.w = np.linspace(-1, 1, features, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} out of range for {self.n} samples")
+        x = np.random.default_rng(i).standard_normal(len(self.w)).astype(np.float32)
+        x += np.random.normal(0, 0.01, len(self.w)).astype(np.float32)
+        return {"x": x, "y": np.float32(x @ self.w), "id": i}
+
+
 def photo(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """A photo-like ``[height, width, 3]`` uint8 image: a smooth random colour field (a
     coarse random grid upsampled bicubically), a few soft-edged shapes, and sensor-like

@@ -1,0 +1,74 @@
+"""Under real PyTorch Lightning (the ``lightning`` extra: pytorch-lightning==2.6.6,
+torch==2.13.0): examples/lightning_train.py runs as a user runs it, and what the model
+trained on is compared. Marked ``torch``; skipped without Lightning."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from .scripts import describe, run_script
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300),  # a fit() imports torch and Lightning: ~10 s
+              pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
+                                 reason="pytorch-lightning is not installed (pip install -e '.[lightning]')")]
+
+SCRIPT = os.path.join("examples", "lightning_train.py")
+SAMPLES, BATCH = 96, 8
+STEPS_PER_EPOCH = SAMPLES // BATCH
+
+
+def fit(tmp_path, record, *args, timeout=150):
+    result = run_script([SCRIPT, "--record", str(tmp_path / record), "--samples", str(SAMPLES),
+                         "--batch-size", str(BATCH), *args], timeout=timeout)
+    assert result.returncode == 0, describe(result)
+    return result
+
+
+def seen(tmp_path, record, rank=0):
+    with open(tmp_path / f"{record}.rank{rank}.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted fit() of 2 epochs: [epoch, sample ids, augmentation checksum] per step."""
+    tmp = tmp_path_factory.mktemp("lightning")
+    fit(tmp, "ref", "--epochs", "2")
+    return seen(tmp, "ref")
+
+
+def test_fit_sees_every_sample_once_per_epoch_in_a_new_order(reference):
+    assert len(reference) == 2 * STEPS_PER_EPOCH
+    epochs = [[i for e, ids, _ in reference if e == epoch for i in ids] for epoch in (0, 1)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(SAMPLES))
+    assert epochs[0] != epochs[1]
+    assert epochs[0] != list(range(SAMPLES))  # shuffled
+    # the probe iter() Lightning makes must not use up an epoch: epoch 0 is shmload's epoch 0
+    from shmload.seeding import permutation
+    assert epochs[0] == permutation(0, 0, SAMPLES).tolist()
+
+
+@pytest.mark.parametrize("step", [5, STEPS_PER_EPOCH + 5], ids=["in-epoch-0", "in-epoch-1"])
+def test_a_run_resumed_from_a_mid_epoch_checkpoint_trains_on_exactly_the_same_batches(tmp_path, reference, step):
+    ckpt = str(tmp_path / "mid.ckpt")
+    stopped = fit(tmp_path, "run", "--epochs", "2", "--checkpoint-at", str(step), "--checkpoint", ckpt)
+    assert f"stopped at step {step}" in stopped.stdout
+    assert seen(tmp_path, "run") == reference[:step]
+    fit(tmp_path, "run", "--epochs", "2", "--resume", ckpt)
+    assert seen(tmp_path, "run") == reference  # sample ids and augmentations, step for step
+
+
+def test_ddp_spawn_gives_each_process_a_disjoint_share_that_covers_the_dataset(tmp_path):
+    fit(tmp_path, "ddp", "--epochs", "2", "--devices", "2", "--strategy", "ddp_spawn", "--workers", "1",
+        timeout=240)
+    ranks = [seen(tmp_path, "ddp", rank) for rank in (0, 1)]
+    for epoch in (0, 1):
+        shares = [[i for e, ids, _ in steps if e == epoch for i in ids] for steps in ranks]
+        assert len(shares[0]) == len(shares[1]) == SAMPLES // 2
+        assert not set(shares[0]) & set(shares[1])
+        assert sorted(shares[0] + shares[1]) == list(range(SAMPLES))
