@@ -100,13 +100,17 @@ def main(argv: list[str] | None = None) -> int:
                         f.write(json.dumps(line) + "\n")
                 batches += 1
                 if batches == args.checkpoint_at:
-                    accelerator.save_state(args.checkpoint)
-                    print(f"saved after batch {batches}, stopping")
-                    return 0
+                    break
+            if batches == args.checkpoint_at:  # (state_dict() still knows where the loop left)
+                accelerator.save_state(args.checkpoint)
+                print(f"saved after batch {batches}, stopping")
+                break
+        # every process is done with the group before end_training() tears it down
+        accelerator.wait_for_everyone()
     finally:
         loader.close()
         accelerator.end_training()
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and batches != args.checkpoint_at:
         print(f"trained {batches} batches per process on {accelerator.num_processes} process(es)")
     return 0
 

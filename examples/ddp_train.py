@@ -180,7 +180,12 @@ def main() -> int:
     else:  # plain `python examples/ddp_train.py`: a world of one, over an in-process store
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     try:
-        return train(torch, dist, args)
+        status = train(torch, dist, args)
+        # every rank is done with gloo before any tears it down: a rank destroying the group
+        # while another still talks to it can abort ("terminate called without an active
+        # exception"), seen once under a loaded machine
+        dist.barrier()
+        return status
     finally:
         dist.destroy_process_group()
 

@@ -28,6 +28,14 @@ def test_ci_runs_the_readmes_test_command():
         assert test_command in f.read().splitlines()
 
 
+def test_ci_runs_the_readmes_torch_and_trainer_test_command():
+    commands = re.findall(r"```bash\n(.*?)\n```", readme(), re.S)
+    torch_command = next(c for c in commands if "pytest -m torch" in c)
+    assert "torch,lightning,accelerate,hf" in torch_command
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        assert torch_command in f.read().splitlines()
+
+
 def test_every_test_the_reliability_doc_cites_exists():
     with open(os.path.join(ROOT, "docs", "reliability.md")) as f:
         doc = f.read()
