@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if trainer.loader is not None:
             trainer.loader.close()
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in trainer.model.parameters()])]
-    print(json.dumps({"global_step": trainer.state.global_step, "weights": weights}))
+    if trainer.is_world_process_zero():  # one line, whatever the number of processes
+        print(json.dumps({"global_step": trainer.state.global_step, "weights": weights}), flush=True)
     return 0
 
 

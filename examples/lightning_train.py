@@ -3,7 +3,7 @@
     python examples/lightning_train.py [--epochs 2] [--samples 96] [--batch-size 8] [--workers 2]
                                        [--devices 1] [--strategy auto|ddp_spawn]
                                        [--checkpoint-at STEP --checkpoint PATH] [--resume PATH]
-                                       [--record PREFIX]
+                                       [--model-checkpoint DIR [--every-n-train-steps N]] [--record PREFIX]
 
 The recipe is three lines of a LightningModule (see docs/integrations.md)::
 
@@ -30,7 +30,9 @@ per batch, so the samples are the same for any ``num_workers`` and after a resum
 
 ``--checkpoint-at STEP`` saves a checkpoint after that many optimizer steps and stops
 (as a job killed there would, with its last checkpoint); ``--resume PATH`` continues from
-one. ``--record PREFIX`` appends, per rank, to ``PREFIX.rank<r>.jsonl`` a line for every
+one. ``--model-checkpoint DIR`` adds Lightning's usual ``ModelCheckpoint(dirpath=DIR,
+save_last=True)`` (at each epoch's end, or every N steps with ``--every-n-train-steps``):
+``--resume DIR/last.ckpt`` continues from it. ``--record PREFIX`` appends, per rank, to ``PREFIX.rank<r>.jsonl`` a line for every
 batch the model trained on: [epoch, sample ids, a checksum of the augmented features]. Exit status:
 0 done (or stopped at the checkpoint), 2 for a command-line error, 3 without torch or
 Lightning.
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-at", type=int, default=None, metavar="STEP")
     parser.add_argument("--checkpoint", default="shmload-lightning.ckpt", metavar="PATH")
     parser.add_argument("--resume", default=None, metavar="PATH")
+    parser.add_argument("--model-checkpoint", default=None, metavar="DIR")
+    parser.add_argument("--every-n-train-steps", type=int, default=None, metavar="N")
     parser.add_argument("--record", default=None, metavar="PREFIX")
     args = parser.parse_args(argv)
     if pl is None:
@@ -104,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NEEDS_PACKAGES
 
     callbacks = [CheckpointAndStop(args.checkpoint_at, args.checkpoint)] if args.checkpoint_at is not None else []
+    if args.model_checkpoint:
+        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=args.model_checkpoint, save_last=True,
+                                                      every_n_train_steps=args.every_n_train_steps))
     trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=args.devices, strategy=args.strategy,
-                         callbacks=callbacks, logger=False, enable_checkpointing=False,
+                         callbacks=callbacks, logger=False, enable_checkpointing=bool(args.model_checkpoint),
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     model = Regression(args.record)
     # the whole change from torch's DataLoader: shmload.DataLoader, plus seed= for

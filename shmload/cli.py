@@ -70,7 +70,7 @@ def _milliseconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value >= 0:  # refuses nan too
+    if not 0 <= value < float("inf"):  # refuses nan and inf too (a step that never ends)
         raise argparse.ArgumentTypeError(f"expected milliseconds, 0 or more, got {text!r}")
     return value
 
@@ -408,7 +408,8 @@ def build_parser() -> Parser:
 
 
 def debug_requested(args: argparse.Namespace) -> bool:
-    return bool(args.debug) or os.environ.get("SHMLOAD_DEBUG", "").strip() not in ("", "0")
+    return bool(args.debug) or os.environ.get("SHMLOAD_DEBUG", "").strip().lower() not in ("", "0", "false", "no",
+                                                                                        "off")
 
 
 def main(argv: list[str] | None = None) -> int:

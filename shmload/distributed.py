@@ -118,7 +118,8 @@ class DistributedSampler:
     def _order(self) -> np.ndarray:
         n = len(self.data_source)
         if n == 0:
-            raise ValueError("DistributedSampler: the dataset is empty")
+            self.epoch += 1
+            return np.arange(0)  # nothing to share, as torch's
         order = seeding.permutation(self.seed, self.epoch, n) if self.shuffle else np.arange(n)
         self.epoch += 1
         total = self.total_size

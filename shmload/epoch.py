@@ -79,6 +79,10 @@ class _Epoch:
             clock.ended(entered)
             raise
         clock.leave(entered, self._nbytes)
+        if not self._cfg.iterable and self.at_end():
+            # the epoch's last batch is out: a state saved now is the next epoch's start,
+            # though the caller (a trainer that counts batches) may never ask for more
+            self.progress.finished = True
         return batch
 
     def _produce(self) -> Any:

@@ -12,6 +12,8 @@ import copy
 import functools
 import itertools
 import numbers
+import threading
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -22,7 +24,7 @@ from .collate import default_collate
 from .config import LoaderConfig
 from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
-from .errors import OptionalDependencyError
+from .errors import OptionalDependencyError, ShmloadWarning
 from .profile import Profile
 from .distributed import DistributedSampler, current_rank
 from .iterable import Stream, as_source, is_iterable_source
@@ -100,10 +102,22 @@ def _capture(source: Any, kind: str = "sampler") -> Any:
     return copy.deepcopy(source.state_dict())
 
 
-def _saved(state: Any) -> Any:
-    if type(state) is _Unsaveable:
-        raise TypeError(f"DataLoader.state_dict(): {state.reason}")
-    return state
+# NOTE [ Saving without the sampler's state ]
+# A sampler (or iterable source) without state_dict() cannot be restored, only re-read.
+# state_dict() does not raise for it: trainers call state_dict() at every checkpoint of
+# any loader that has the method (Lightning does), and a checkpoint must not crash a
+# training that torch's loader would not crash (torch's DistributedSampler has no state).
+# The state then holds the position alone (the sampler's part is None), and a resume
+# re-reads the order (or each worker's stream, from its start) and skips what was
+# delivered, as torchdata's StatefulDataLoader does: the same batches if the order is
+# the same then (torch's DistributedSampler after the same set_epoch; a stream that reads
+# the same), other ones if not (an unseeded random sampler). One ShmloadWarning says so.
+def _fast_forward_note(reason: str, kind: str) -> str:
+    again = ("re-reads each worker's stream from its start and skips the draws delivered" if kind != "sampler" else
+             "iterates the sampler again and skips the batches delivered")
+    return (f"DataLoader.state_dict(): {reason}. The state holds the position alone: a resume {again}, which gives "
+            "the same batches only if the order is the same then (torch's DistributedSampler after the same "
+            "set_epoch: yes; a sampler or stream drawing from an unseeded generator: no)")
 
 
 def _check_resumable(source: Any, kind: str = "sampler") -> None:
@@ -112,21 +126,22 @@ def _check_resumable(source: Any, kind: str = "sampler") -> None:
         return
     if kind == "sampler":
         raise TypeError(
-            f"the sampler {type(source).__name__} has no {' or '.join(missing)}, which exact resume needs to "
-            "re-create the epoch's order. Give it both (state_dict() returning what fixes the order of its next "
-            "iter(), such as its seed and epoch), or use shmload's SequentialSampler, RandomSampler or "
-            "DistributedSampler, which have them")
+            f"the sampler {type(source).__name__} has no {' or '.join(missing)}, which restoring the epoch's "
+            "order needs. Give it both (state_dict() returning what fixes the order of its next iter(), such as "
+            "its seed and epoch), or use shmload's SequentialSampler, RandomSampler or DistributedSampler, which "
+            "have them")
     raise TypeError(
-        f"the iterable source {type(source).__name__} has no {' or '.join(missing)}, which saving a position "
-        "in the middle of an epoch needs (a stream cannot be re-read to find it). Give it both: state_dict() "
-        "returning where its iteration is, load_state_dict(state) making the next iter() continue from there. "
-        "Saving between epochs needs neither")
+        f"the iterable source {type(source).__name__} has no {' or '.join(missing)}, which restoring a position "
+        "in the middle of an epoch needs. Give it both: state_dict() returning where its iteration is, "
+        "load_state_dict(state) making the next iter() continue from there. Saving between epochs needs neither")
 
 
 def _check_unchanged(source: Any, resume: dict, state: Any) -> None:
     """A position in the middle of an epoch means something only in the saved order: the
     sampler must not have been moved (by a ``set_epoch`` of another epoch, say) since its
     state was loaded."""
+    if resume["sampler"] is None:
+        return  # saved without the sampler's state: nothing to compare (NOTE [ Saving without ...])
     try:
         same = bool(state == resume["sampler"])
     except Exception:  # states that do not compare (arrays): nothing to check with
@@ -240,7 +255,8 @@ class DataLoader:
         self._shuffle = bool(shuffle)
         self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
         self._shard: tuple[int, int] | None = None  # (world size, rank) the own sampler shards by
-        self._notes: set[str] = set()  # sharding messages given already
+        self._notes: set[str] = set()  # messages given once already (sharding, saving without state)
+        self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
         self._next_epoch = 0  # the epoch the next iterator claims at its first batch
@@ -313,7 +329,7 @@ class DataLoader:
     # one the order was drawn from. Nothing is loaded before the claim, so nothing is
     # lost when an iterator is thrown away unstarted.
     def __iter__(self) -> SingleProcessEpoch | MultiprocessEpoch:
-        self._sync_distributed()
+        self._sync_distributed(unshard=True)
         cfg = self._config()
         if self._resume is not None:
             self._check_resume(cfg)  # at once, as well as when the epoch begins
@@ -344,17 +360,31 @@ class DataLoader:
 
     def _claim(self, cfg: LoaderConfig) -> tuple[int, Any, Any]:
         """The epoch begins (see the note above): (its number, schedule, progress). The
-        loader's state changes only if all of it succeeds, so a failure (a sampler moved
-        after load_state_dict, say) leaves the resume for a retry."""
-        resume = self._resume
-        epoch = resume["epoch"] if resume is not None else self._next_epoch
-        if cfg.iterable:
-            schedule, progress = self._stream_plan(cfg, resume)
-        else:
-            schedule, progress = self._sampler_plan(resume)
-        progress.epoch = epoch
-        self._resume, self._next_epoch, self._progress = None, epoch + 1, progress
-        return epoch, schedule, progress
+        loader's own fields change only if all of it succeeds, so a failure (a sampler
+        moved after load_state_dict, say) leaves the resume for a retry; a sampler that
+        raises after drawing its order has moved itself, which a retry then follows."""
+        with self._claiming:
+            resume = self._resume
+            epoch = self._upcoming_epoch()
+            if cfg.iterable:
+                schedule, progress = self._stream_plan(cfg, resume)
+            else:
+                schedule, progress = self._sampler_plan(resume)
+            progress.epoch = epoch
+            self._resume, self._next_epoch, self._progress = None, epoch + 1, progress
+            return epoch, schedule, progress
+
+    def _upcoming_epoch(self) -> int:
+        """The number the next epoch takes: a loaded state's; else the loader's own
+        sampler's epoch, so a ``set_epoch`` on it (trainers call ``loader.sampler.set_epoch``)
+        moves the epoch's seeds with its order, and one number means the epoch; else the
+        loader's own count (a sampler of yours may not count epochs, or be told the same
+        one every time, and a batch's seeds must still change from epoch to epoch)."""
+        if self._resume is not None:
+            return self._resume["epoch"]
+        if self._own_sampler and not self._iterable:
+            return self.sampler.epoch
+        return self._next_epoch
 
     def _check_resume(self, cfg: LoaderConfig) -> None:
         """Refuse at iter() what the loaded state cannot be resumed with."""
@@ -414,31 +444,31 @@ class DataLoader:
         return len(self.batch_sampler) if self.batch_sampler is not None else len(self.sampler)
 
     # ------------------------------------------------------------ distributed (sharding.py)
-    def _sync_distributed(self) -> None:
+    def _sync_distributed(self, unshard: bool = False) -> None:
         """Follow torch.distributed: shard the loader's own sampler while a process group
         of more than one process is initialized, warn about a user's sampler that does not
-        shard, and mix the current rank into the batch seeds."""
-        if self._iterable:
-            return  # a stream shards itself (by get_worker_info() and the rank)
-        order = self._order_source if not self._own_sampler else None
-        decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
-        sharding.warn_once(self._notes, decision.warn)
-        if self._own_sampler and decision.shard != self._shard:
-            self._reshard(decision.shard)
+        shard, and mix the current rank into the batch seeds. Only ``iter()`` undoes a
+        shard (``unshard``): a job that has destroyed its process group may still save a
+        state its restart, sharded again, must be able to load."""
+        if not self._iterable:  # (a stream shards itself, by get_worker_info() and the rank)
+            order = self._order_source if not self._own_sampler else None
+            decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
+            sharding.warn_once(self._notes, decision.warn)
+            if self._own_sampler and decision.shard != self._shard and (decision.shard is not None or unshard):
+                self._reshard(decision.shard)
         rank = current_rank(self.sampler)
         if rank != self._rank:
             self._rank = rank
             self._cfg = None
 
     def _reshard(self, shard: tuple[int, int] | None) -> None:
+        epoch = self._upcoming_epoch()
         sampler = self._base_sampler
         if shard is not None:
             size, rank = shard
             sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
                                          seed=self.seed if self._seed_given else 0)
-            sampler.set_epoch(self._next_epoch)
-        elif hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self._next_epoch)
+        sampler.set_epoch(epoch)
         batch_sampler = BatchSampler(sampler, self.batch_size, self.drop_last) if self.batch_size is not None else None
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler), ("_order_source", sampler),
                             ("_shard", shard)):
@@ -457,14 +487,25 @@ class DataLoader:
         live = current is not None and not current.finished
         if self._iterable:
             if live:
-                _saved(_capture(self._source, kind="iterable source"))
+                self._saveable(_capture(self._source, kind="iterable source"), "iterable source")
                 return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching())
             return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching())
         if live:
-            return _resume.map_state(current.epoch, self.seed, _saved(current.sampler_state), current,
+            return _resume.map_state(current.epoch, self.seed, self._saveable(current.sampler_state), current,
                                      self._batching())
-        return _resume.map_state(self._next_epoch, self.seed, _saved(_capture(self._order_source)), None,
-                                 self._batching())
+        return _resume.map_state(self._upcoming_epoch(), self.seed, self._saveable(_capture(self._order_source)),
+                                 None, self._batching())
+
+    def _saveable(self, state: Any, kind: str = "sampler") -> Any:
+        """``state``, or None (with one warning) for a sampler or source that has none
+        (NOTE [ Saving without the sampler's state ])."""
+        if type(state) is not _Unsaveable:
+            return state
+        note = _fast_forward_note(state.reason, kind)
+        if note not in self._notes:
+            self._notes.add(note)
+            warnings.warn(note, ShmloadWarning, stacklevel=3)
+        return None
 
     def _batching(self) -> dict:
         """How samples are grouped into batches: a position means something only under the
@@ -496,8 +537,9 @@ class DataLoader:
             check_int("next_batch", state["next_batch"], 0)
             self._sync_distributed()
             self._check_same_sharding(state["sampler"])
-            _check_resumable(self._order_source)
-            self._order_source.load_state_dict(state["sampler"])
+            if state["sampler"] is not None:  # None: saved without it, the order is re-read (NOTE above)
+                _check_resumable(self._order_source)
+                self._order_source.load_state_dict(state["sampler"])
         elif any(s["state"] is not None for s in state["streams"]):
             _check_resumable(self._source, "iterable source")
         if state["seed"] != self.seed:
@@ -530,6 +572,8 @@ class DataLoader:
         saved one keeps it, and leaves the loaded sampler as it is."""
         check_int("epoch", epoch, 0)
         self._next_epoch = int(epoch)
+        if self._progress is not None and not self._progress.finished:
+            self._progress = None  # an epoch left with break: state_dict() now describes epoch `epoch`
         if self._resume is not None:
             if self._resume["epoch"] == epoch:
                 return
@@ -573,7 +617,7 @@ class DataLoader:
         own) nor an epoch running in this process: the copy begins the next epoch. To
         continue a running epoch elsewhere, save ``state_dict()``."""
         state = dict(self.__dict__)
-        for name in ("_sessions", "_finalizer", "_cfg"):
+        for name in ("_sessions", "_finalizer", "_cfg", "_claiming"):
             del state[name]
         state["_progress"] = None
         context = state["multiprocessing_context"]
@@ -582,7 +626,7 @@ class DataLoader:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _cfg=None, _sessions=_Sessions())
+        self.__dict__.update(state, _cfg=None, _sessions=_Sessions(), _claiming=threading.Lock())
         self.__dict__["_finalizer"] = weakref.finalize(self, _Sessions.close, self._sessions)
 
     def __repr__(self) -> str:

@@ -37,7 +37,13 @@ def check_state(sampler: Any, state: Any, keys: tuple[str, ...]) -> dict:
 
 
 class SequentialSampler:
-    """Indices ``0, 1, ..., len(data_source) - 1``."""
+    """Indices ``0, 1, ..., len(data_source) - 1``.
+
+    The order is the same every epoch, but the sampler counts epochs like the others
+    (``epoch``, ``set_epoch``, advanced by each ``iter()``): a loader's own sampler carries
+    the epoch number that seeds the batches' augmentations (``DataLoader._upcoming_epoch``),
+    which trainers set with ``loader.sampler.set_epoch(n)``.
+    """
 
     # ``_order()`` returns the epoch's indices as one array, which BatchSampler slices.
     # Looked up in the class's own __dict__: a subclass may change __iter__.
@@ -45,17 +51,25 @@ class SequentialSampler:
 
     def __init__(self, data_source: Sized):
         self.data_source = data_source
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        check_int("epoch", epoch, 0)
+        self.epoch = int(epoch)
 
     def state_dict(self) -> dict:
-        return {"length": len(self.data_source)}
+        return {"length": len(self.data_source), "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
         check_state(self, state, ("length",))
+        self.set_epoch(state.get("epoch", 0))  # (states saved before it counted epochs have none)
 
     def _order(self) -> np.ndarray:
+        self.epoch += 1
         return np.arange(len(self.data_source))
 
     def __iter__(self) -> Iterator[int]:
+        self.epoch += 1
         return iter(range(len(self.data_source)))
 
     def __len__(self) -> int:

@@ -80,3 +80,15 @@ def test_two_processes_under_torchrun_get_disjoint_covering_shares_and_see_the_e
         for steps in per_rank:
             ends = [r[4] for r in steps if r[0] == epoch]
             assert ends[-1] and not any(ends[:-1])
+
+
+def test_the_adapter_pickles_as_the_loader_it_wraps():
+    import pickle
+
+    import shmload
+    from shmload.integrations import for_accelerate
+    from shmload.synthetic import SyntheticRegression
+    wrapped = for_accelerate(shmload.DataLoader(SyntheticRegression(12), batch_size=4, seed=3))
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert type(copy) is type(wrapped) and copy.loader.seed == 3 and len(copy) == 3
+    assert [b["id"].tolist() for b in copy] == [b["id"].tolist() for b in wrapped]

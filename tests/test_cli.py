@@ -149,6 +149,8 @@ def test_a_dataset_whose_getitem_raises_is_one_line_with_what_failed(user_module
      r"argument --batches: expected batches per run: a whole number of at least 1, got 'ten'"),
     (["profile", "tests.helpers:small_dataset", "--step-ms", "-5"],
      r"argument --step-ms: expected milliseconds, 0 or more, got '-5'"),
+    (["profile", "tests.helpers:small_dataset", "--step-ms", "inf"],
+     r"argument --step-ms: expected milliseconds, 0 or more, got 'inf'"),
     (["profile", "tests.helpers"], r"argument MODULE:FACTORY: expected MODULE:FACTORY \(e\.g\. .*got 'tests\.helpers'"),
     (["demo", "--batch-size", "0"], r"argument --batch-size: expected images per batch: .*got '0'"),
     (["pack", "a", "b", "--part-size", "3X"], r"argument --part-size: expected a size like 256M, 64MiB or 1G"),
@@ -185,6 +187,13 @@ def test_shmload_debug_in_the_environment_does_the_same(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "Traceback (most recent call last):" in err and "shmload.errors.CommandError: the image folder" in err
     assert err.splitlines()[-1].startswith("shmload pack: the image folder")
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "No", "off"])
+def test_shmload_debug_set_to_a_no_does_not_print_the_traceback(tmp_path, monkeypatch, capsys, value):
+    monkeypatch.setenv("SHMLOAD_DEBUG", value)
+    assert main(["pack", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def run(command: list[str], **env: str) -> subprocess.CompletedProcess:

@@ -102,9 +102,9 @@ def test_bad_arguments(kwargs, message):
         DistributedSampler(range(10), **kwargs)
 
 
-def test_an_empty_dataset_is_an_error_when_iterated():
-    with pytest.raises(ValueError, match=r"DistributedSampler: the dataset is empty"):
-        list(DistributedSampler([], num_replicas=2, rank=0))
+def test_an_empty_dataset_gives_every_rank_nothing_as_torchs_does():
+    sampler = DistributedSampler([], num_replicas=2, rank=1)
+    assert (list(sampler), len(sampler), sampler.epoch) == ([], 0, 1)
 
 
 def test_the_samplers_seed_orders_and_the_rank_decorrelates_augmentation():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 
 import pytest
 
@@ -31,11 +32,12 @@ def test_state_dict_describes_the_order_a_sampler_moved_after_iter_delivers(work
     head = [next(it)]
     state = json.loads(json.dumps(loader.state_dict()))
     head += list(it)
-    assert state["sampler"]["epoch"] == 7 and state["epoch"] == 0 and state["next_batch"] == 1
+    # the loader's own sampler carries the epoch: order and augmentation seeds are epoch 7's
+    assert state["sampler"]["epoch"] == 7 and state["epoch"] == 7 and state["next_batch"] == 1
 
     reference = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=0)
-    reference.sampler.set_epoch(7)
-    assert [flatten(b) for b in head] == run(reference, 1)[0]  # epoch 7's order, epoch 0's seeds
+    reference.set_epoch(7)
+    assert [flatten(b) for b in head] == run(reference, 1)[0]
 
     resumed = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=99, num_workers=workers, timeout=30)
     resumed.load_state_dict(state)
@@ -164,3 +166,35 @@ def test_for_accelerate_without_accelerate_names_the_extra_to_install():
     with pytest.raises(OptionalDependencyError, match=r"for_accelerate\(\) needs accelerate .*"
                                                       r"pip install 'shmload\[accelerate\]'"):
         for_accelerate(DataLoader(AugmentedDataset()))
+
+
+def test_iterators_begun_by_two_threads_at_once_take_two_epochs():
+    """The claim is atomic: two threads' first next() never begin the same epoch."""
+    loader = DataLoader(AugmentedDataset(), batch_size=40, shuffle=True, seed=2)
+    for _ in range(30):
+        its = [iter(loader), iter(loader)]
+        start = threading.Barrier(2, timeout=10)
+
+        def first(it):
+            start.wait()
+            next(it)
+        threads = [threading.Thread(target=first, args=(it,)) for it in its]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        low, high = sorted(it.epoch for it in its)
+        assert high == low + 1
+        assert loader.sampler.epoch == loader.state_dict()["epoch"] == max(it.epoch for it in its) + 1
+
+
+def test_set_epoch_after_break_makes_the_state_that_epochs_start():
+    """An accelerate- or torch-style loop that breaks out of an epoch, then starts the next
+    with set_epoch: a save there is the new epoch's start, not the old epoch's position."""
+    loader = DataLoader(AugmentedDataset(), batch_size=8, shuffle=True, seed=2)
+    for batch in loader:
+        break
+    assert (loader.state_dict()["epoch"], loader.state_dict()["next_batch"]) == (0, 1)
+    loader.set_epoch(1)
+    state = loader.state_dict()
+    assert (state["epoch"], state["next_batch"], state["sampler"]["epoch"]) == (1, 0, 1)

@@ -63,7 +63,11 @@ def train(tmp_path, *args, command=(SCRIPT,), ranks=1, expect=0, timeout=150):
         cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *cmd, "--workers", "1"]
     result = run_script(cmd, timeout=timeout, OMP_NUM_THREADS="1")
     assert result.returncode == expect, describe(result)
-    return json.loads(result.stdout.splitlines()[-1]) if expect == 0 else result
+    if expect != 0:
+        return result
+    reports = [line for line in result.stdout.splitlines() if line.startswith('{"global_step"')]
+    assert len(reports) == 1, describe(result)  # printed by the first process only
+    return json.loads(reports[0])
 
 
 def seen(tmp_path, rank=0):
@@ -117,8 +121,8 @@ def test_a_run_resumed_from_a_checkpoint_trains_on_exactly_the_same_batches(tmp_
     stopped = train(tmp_path, "--accumulate", str(accumulate), "--checkpoint-at", str(step))
     assert stopped["global_step"] == step
     assert seen(tmp_path) == batches[:trained]
-    epoch, last = divmod(trained - 1, BATCHES)  # at an epoch's end: that epoch, all of it handed out
-    assert saved_position(tmp_path, step) == (epoch, last + 1)
+    # the position: (epoch, batches handed out); after an epoch's last batch, the next epoch's start
+    assert saved_position(tmp_path, step) == divmod(trained, BATCHES)
     resumed = train(tmp_path, "--accumulate", str(accumulate), "--resume", "True")
     assert seen(tmp_path) == batches  # sample ids and augmentations, batch for batch
     assert resumed == final  # the same optimizer steps: the epoch's partial last step is stepped

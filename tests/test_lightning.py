@@ -4,6 +4,7 @@ trained on is compared. Marked ``torch``; skipped without Lightning."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -61,6 +62,48 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_trains_on_exactly_the_same_ba
     assert seen(tmp_path, "run") == reference[:step]
     fit(tmp_path, "run", "--epochs", "2", "--resume", ckpt)
     assert seen(tmp_path, "run") == reference  # sample ids and augmentations, step for step
+
+
+@pytest.mark.parametrize("every", [None, STEPS_PER_EPOCH], ids=["at-epoch-end", "on-the-epochs-last-step"])
+def test_a_run_resumed_from_lightnings_usual_checkpoint_after_an_epoch_trains_on_the_same_batches(tmp_path,
+                                                                                                   reference, every):
+    """ModelCheckpoint(save_last=True): at the epoch's end Lightning does not restore the
+    loader's state, it only calls sampler.set_epoch(1), which must move the augmentation
+    seeds too; on the epoch's last step it restores a state saved after the last batch,
+    which must be the next epoch's start."""
+    ckpt = tmp_path / "ckpt"
+    args = ["--model-checkpoint", str(ckpt)] + (["--every-n-train-steps", str(every)] if every else [])
+    fit(tmp_path, "run", "--epochs", "1", *args)
+    assert seen(tmp_path, "run") == reference[:STEPS_PER_EPOCH]
+    fit(tmp_path, "run", "--epochs", "2", "--resume", str(ckpt / "last.ckpt"), *args)
+    assert seen(tmp_path, "run") == reference
+
+
+TORCH_SAMPLER_FIT = """
+import sys, warnings
+sys.path.insert(0, "examples")
+import pytorch_lightning as pl, torch, shmload
+from shmload.synthetic import SyntheticRegression
+import lightning_train as example
+dataset = SyntheticRegression(32)
+sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, seed=0)
+loader = shmload.DataLoader(dataset, batch_size=8, sampler=sampler, seed=0, output="torch")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=sys.argv[1]).fit(example.Regression(), loader)
+print([str(w.message)[:90] for w in caught if issubclass(w.category, shmload.ShmloadWarning)])
+"""
+
+
+def test_a_sampler_without_state_dict_does_not_break_lightnings_checkpoints(tmp_path):
+    """torch's DistributedSampler has no state_dict: Lightning's checkpoint (at each epoch's
+    end) saves the loader's position alone, with one warning, instead of failing."""
+    result = run_script(["-c", TORCH_SAMPLER_FIT, str(tmp_path)], timeout=150)
+    assert result.returncode == 0, describe(result)
+    warned = ast.literal_eval(result.stdout.splitlines()[-1])  # at two checkpoints: one warning
+    assert len(warned) == 1 and "the sampler DistributedSampler has no state_dict" in warned[0]
+    assert list((tmp_path / "checkpoints").glob("*.ckpt"))
 
 
 def test_ddp_spawn_gives_each_process_a_disjoint_share_that_covers_the_dataset(tmp_path):

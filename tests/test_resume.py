@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler, ShmloadWarning
 from shmload.resume import BatchProgress
 
 from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
@@ -144,14 +144,27 @@ def test_loading_sets_the_seed_and_the_next_epoch_and_state_dict_returns_it_unti
     assert len(list(loader)) == 9 and loader.state_dict()["epoch"] == 1
 
 
-def test_a_sampler_without_state_dict_gets_a_clear_error_at_save_time():
-    loader = DataLoader(AugmentedDataset(), batch_size=4, sampler=PlainSampler(40))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_without_state_dict_is_saved_as_a_position_and_re_read_with_one_warning(workers):
+    """Trainers call state_dict() at every checkpoint: it must not raise for a sampler
+    without state (torch's DistributedSampler has none). The resume iterates the sampler
+    again and skips what was delivered: exact here, since PlainSampler's order repeats."""
+    def make(num_workers, seed):
+        return DataLoader(AugmentedDataset(), batch_size=4, sampler=PlainSampler(40), num_workers=num_workers,
+                          seed=seed, timeout=30)
+    loader = make(workers, 1)
     it = iter(loader)
     next(it)
-    with pytest.raises(TypeError, match=r"DataLoader.state_dict\(\): the sampler PlainSampler has no state_dict or "
-                                        r"load_state_dict, which exact resume needs.*SequentialSampler, "
-                                        r"RandomSampler or DistributedSampler"):
-        loader.state_dict()
+    with pytest.warns(ShmloadWarning, match=r"DataLoader.state_dict\(\): the sampler PlainSampler has no state_dict "
+                                            r"or load_state_dict.*SequentialSampler, RandomSampler or "
+                                            r"DistributedSampler.*The state holds the position alone: a resume "
+                                            r"iterates the sampler again and skips the batches delivered"):
+        state = loader.state_dict()
+    assert state["sampler"] is None and state["next_batch"] == 1
+    loader.state_dict()  # warned once per loader (pytest's filters turn a second warning into an error)
+    del it
+    with pytest.warns(ShmloadWarning):
+        assert_resumes_exactly(make, stops=[3, 13], epochs=2, pairs=[(workers, 0), (0, workers)])
     with pytest.raises(TypeError, match=r"the sampler PlainSampler has no state_dict or load_state_dict"):
         loader.load_state_dict({"shmload_loader_state": 1, "kind": "map", "epoch": 0, "seed": 1, "next_batch": 0,
                                 "batching": {"batch_size": 4, "drop_last": False}, "delivered_beyond": [],
@@ -229,7 +242,7 @@ def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_
     head, state = epochs(*loader_and_sampler(), 0, stop_at=stop_at)
     loader, sampler = loader_and_sampler()
     loader.load_state_dict(json.loads(json.dumps(state)))
-    tail, _ = epochs(loader, sampler, state["epoch"] if state["next_batch"] else 1)
+    tail, _ = epochs(loader, sampler, state["epoch"])  # (after an epoch's last batch: the next epoch's start)
     assert head + tail == reference
 
 
@@ -300,16 +313,24 @@ def test_iterable_resume_is_exact_with_the_sources_state(workers):
     assert_resumes_exactly(make, stops=stops, epochs=2, pairs=pairs, reference_workers=workers)
 
 
-def test_iterable_resume_needs_the_sources_state_dict_mid_epoch_but_not_between_epochs():
+def test_an_iterable_source_without_state_dict_is_saved_as_a_position_and_re_read():
+    """Mid-epoch, a source without state_dict() is saved as draws per stream (one
+    warning); the resume re-reads each stream and skips the draws delivered: exact for a
+    stream that reads the same. Between epochs nothing of the source is needed."""
     loader = DataLoader(WorkerStreams([6]), batch_size=2)
     assert loader.state_dict()["streams"] == [{"draws": 0, "state": None, "ended": False}]
     it = iter(loader)
-    next(it)
-    with pytest.raises(TypeError, match=r"the iterable source WorkerStreams has no state_dict or load_state_dict, "
-                                        r"which saving a position in the middle of an epoch needs"):
-        loader.state_dict()
-    list(it)
+    head = [flatten(next(it))]
+    with pytest.warns(ShmloadWarning, match=r"the iterable source WorkerStreams has no state_dict or load_state_dict.*"
+                                            r"a resume re-reads each worker's stream from its start and skips the "
+                                            r"draws delivered"):
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert state["streams"] == [{"draws": 1, "state": None, "ended": False}]
+    rest = [flatten(b) for b in it]
     assert loader.state_dict()["epoch"] == 1
+    resumed = DataLoader(WorkerStreams([6]), batch_size=2)
+    resumed.load_state_dict(state)
+    assert [flatten(b) for b in resumed] == rest and len(head + rest) == 3
 
 
 def test_iterable_resume_with_another_number_of_workers_is_refused():

@@ -111,6 +111,9 @@ def test_the_loader_follows_the_process_group_from_one_iter_to_the_next(monkeypa
     in_world(monkeypatch, 2, 1)
     assert [int(i) for b in loader for i in b] == [1, 3, 5, 7]
     in_world(monkeypatch, None, 0)  # destroy_process_group()
+    state = loader.state_dict()  # a job saving after it destroyed its group: still its share's state
+    assert len(loader) == 2 and state["sampler"]["num_replicas"] == 2
+    assert [int(i) for b in loader for i in b] == list(range(8))  # the next iter() reads everything
     assert len(loader) == 4 and isinstance(loader.sampler, SequentialSampler)
 
 
@@ -150,3 +153,20 @@ def test_the_rank_is_mixed_into_the_batch_seeds_when_the_group_appears_after_con
 def test_distributed_takes_true_false_or_none():
     with pytest.raises(ValueError, match=r"distributed should be True, False or None, but got distributed='yes'"):
         DataLoader(RangeDataset(4), distributed="yes")
+
+
+def test_an_iterable_source_gets_the_rank_in_its_seeds_too(monkeypatch):
+    from .helpers import WorkerStreams
+    firsts = []
+    for rank in range(2):
+        loader = DataLoader(WorkerStreams([4]), batch_size=2, seed=1)  # made before the group exists
+        in_world(monkeypatch, 2, rank)
+        firsts.append(next(iter(loader))[0])  # (the rows are random, the labels are not)
+        in_world(monkeypatch, None, 0)
+    assert not np.array_equal(firsts[0], firsts[1])
+
+
+def test_an_empty_dataset_shards_into_empty_epochs(monkeypatch):
+    in_world(monkeypatch, 2, 1)
+    loader = DataLoader(RangeDataset(0), batch_size=2, distributed=True)
+    assert len(loader) == 0 and list(loader) == []

@@ -79,6 +79,9 @@ def _adapter() -> type:
                 raise AttributeError(name)
             return getattr(self.loader, name)
 
+        def __reduce__(self) -> tuple:  # the class is made at run time: pickle as the call that makes it
+            return for_accelerate, (self.loader,)
+
         def __repr__(self) -> str:
             return f"for_accelerate({self.loader!r})"
 
