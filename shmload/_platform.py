@@ -33,6 +33,18 @@ def check_supported() -> None:
         )
 
 
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity, which respects a cpuset)."""
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(usable_cpus())
+
+
 def default_start_method() -> str:
     """fork where it exists (cheapest, and torch's default on Linux), spawn elsewhere."""
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"

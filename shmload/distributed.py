@@ -17,6 +17,7 @@ shuffle alike), whatever seed each rank's loader has.
 from __future__ import annotations
 
 import os
+import types
 from typing import Any, Iterator, Sized
 
 import numpy as np
@@ -71,6 +72,8 @@ class DistributedSampler:
     before each epoch, as torch requires, gives the same orders; forgetting it no longer
     repeats the first epoch's order.
     """
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
 
     _array_order = True  # see sampler.SequentialSampler
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -50,6 +51,22 @@ class _Epoch:
     schedule: Any = None  # None until the epoch begins
     progress: Any = None
 
+    reported_len: int | None = None  # len(loader) of an iterable source, if it was asked (loader.py)
+    _yielded = 0
+
+    def _check_reported_len(self) -> None:
+        """torch's warning, in its words, when a source yields more than its len() said."""
+        self._yielded += 1
+        if self._yielded == self.reported_len + 1:
+            workers = self._cfg.num_workers
+            warnings.warn(
+                f"Length of IterableDataset {self._cfg.dataset} was reported to be {self.reported_len} (when "
+                f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
+                + ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                   "IterableDataset replica at each worker (shard it by shmload.get_worker_info() or "
+                   "torch.utils.data.get_worker_info() in __iter__)." if workers > 0 else ""), UserWarning,
+                stacklevel=3)
+
     def _begin(self) -> None:
         self.epoch, self.schedule, self.progress = self._claim()
 
@@ -79,6 +96,8 @@ class _Epoch:
             clock.ended(entered)
             raise
         clock.leave(entered, self._nbytes)
+        if self.reported_len is not None:
+            self._check_reported_len()
         if not self._cfg.iterable and self.at_end():
             # the epoch's last batch is out: a state saved now is the next epoch's start,
             # though the caller (a trainer that counts batches) may never ask for more
@@ -276,7 +295,7 @@ class MultiprocessEpoch(_Epoch):
         planned = self.schedule.peek()
         seq = missing[0] if missing else planned.seq if planned is not None else -1
         return LoaderTimeoutError(
-            f"DataLoader timed out after {self._cfg.timeout} seconds waiting for batch {seq}: "
+            f"DataLoader timed out after {self._cfg.timeout:g} seconds waiting for batch {seq}: "
             f"{self._session.holder_of(seq)}")
 
     def _finish(self) -> None:

@@ -12,7 +12,9 @@ import copy
 import functools
 import itertools
 import numbers
+import sys
 import threading
+import types
 import warnings
 import weakref
 from typing import Any, NamedTuple
@@ -63,11 +65,6 @@ def _check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> Non
             raise ValueError(f"DataLoader with an iterable source: expected unspecified {name} option, but got "
                              f"{name}={value!r}. A stream is read in its own order; shuffle inside it "
                              "(for example with a shuffle buffer), or give a map-style dataset")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} should be True or False, but got {name}={value!r}")
 
 
 class _Sessions:
@@ -177,18 +174,15 @@ class DataLoader:
             _check_stream_options(shuffle, sampler, batch_sampler)
         check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
         check_int("seed", seed, 0, allow_none=True)
-        for name, flag in (("persistent_workers", persistent_workers), ("drop_last", drop_last)):
-            _check_bool(name, flag)
+        if not isinstance(drop_last, bool):  # torch's BatchSampler refuses other values, in these words
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
         if distributed not in (None, False, True):
             raise ValueError(f"distributed should be True, False or None, but got distributed={distributed!r}")
         if shuffle not in (None, False, True):
             raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
-        if pin_memory:
-            raise ValueError("pin_memory=True is not supported: shmload yields views into shared memory, "
-                             "which it does not page-lock per batch. Pin what you transfer yourself "
-                             "(tensor.pin_memory()), or leave pin_memory=False.")
-        if pin_memory_device:
-            raise ValueError(f"pin_memory_device={pin_memory_device!r} is not supported (pin_memory is not)")
+        if multiprocessing_context is not None and num_workers == 0:  # torch's check and words
+            raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                             f"but got num_workers={num_workers}")
         if generator is not None and seed is not None:
             raise ValueError("give seed= or generator=, not both: both choose the loader's random seed")
 
@@ -239,8 +233,8 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.prefetch_factor = prefetch_factor  # None: automatic (see dispatch.prefetch_depth)
         self.persistent_workers = persistent_workers
-        self.pin_memory = False
-        self.pin_memory_device = ""
+        self.pin_memory = pin_memory  # honoured where an accelerator is; without one, warned about at iter()
+        self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
@@ -255,6 +249,7 @@ class DataLoader:
         self._shuffle = bool(shuffle)
         self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
         self._shard: tuple[int, int] | None = None  # (world size, rank) the own sampler shards by
+        self._reported_len: int | None = None  # len(loader) of an iterable source, once asked (as torch)
         self._notes: set[str] = set()  # messages given once already (sharding, saving without state)
         self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
@@ -265,6 +260,9 @@ class DataLoader:
         self._sessions = _Sessions()
         self._finalizer = weakref.finalize(self, _Sessions.close, self._sessions)
         self._initialized = True
+
+    # DataLoader[Batch] in annotations, as torch's DataLoader is Generic
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_initialized", False):
@@ -285,8 +283,8 @@ class DataLoader:
                 dataset=self._source, auto_batch=self._auto_batch,
                 collate_fn=None if collate_fn is default_collate else collate_fn,
                 num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                persistent_workers=self.persistent_workers, timeout=float(self.timeout),
-                worker_init_fn=self.worker_init_fn, in_order=self.in_order, seed=self.seed,
+                persistent_workers=bool(self.persistent_workers), timeout=float(self.timeout),
+                worker_init_fn=self.worker_init_fn, in_order=bool(self.in_order), seed=self.seed,
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
                 max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
                 rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last)
@@ -300,7 +298,7 @@ class DataLoader:
         check_int("slot_bytes", self.slot_bytes, 1, allow_none=True)
         check_int("max_shm_bytes", self.max_shm_bytes, 1, allow_none=True)
         check_int("max_worker_restarts", self.max_worker_restarts, 0)
-        _check_bool("in_order", self.in_order)
+        # persistent_workers and in_order are taken for their truth, as torch takes them (1, 0, None)
         timeout = self.timeout
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
             raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
@@ -341,6 +339,7 @@ class DataLoader:
         if sessions.persistent is not None and sessions.persistent.cfg is not cfg:
             sessions.persistent.close()  # settings changed since its workers started
             sessions.persistent = None
+        self._warn_as_torch(cfg)
         claim = functools.partial(self._claim, cfg)
         if cfg.num_workers == 0:
             if cfg.iterable and sessions.stream is None:
@@ -356,7 +355,38 @@ class DataLoader:
             sessions.live.add(session)
             it = MultiprocessEpoch(cfg, session, True, claim, length, self, sessions.profile)
         self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
+        it.reported_len = self._reported_len  # an iterable source's len(), if len(loader) was asked
         return it
+
+    def _warn_as_torch(self, cfg: LoaderConfig) -> None:
+        """The warnings torch's DataLoader gives when an iterator is made, in its words
+        (scripts filter them by message), once per loader."""
+        if cfg.num_workers > 0:
+            cores = _platform.usable_cores()
+            if cfg.num_workers > cores:
+                self._note(f"This DataLoader will create {cfg.num_workers} worker processes in total. Our suggested "
+                           f"max number of worker in current system is {cores}, which is smaller than what this "
+                           "DataLoader is going to create. Please be aware that excessive worker creation might get "
+                           "DataLoader running slow or even freeze, lower the worker number to avoid potential "
+                           "slowness/freeze if necessary.", UserWarning)
+        if self.pin_memory:
+            if self.pin_memory_device:
+                self._note("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                           f"ignore pin_memory_device='{self.pin_memory_device}'.", UserWarning)
+            torch = sys.modules.get("torch")
+            accelerator = getattr(torch, "accelerator", None)
+            if accelerator is None or not accelerator.is_available():
+                self._note("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                           "memory won't be used.", UserWarning)
+            else:
+                self._note("pin_memory=True: shmload does not yet page-lock its shared-memory ring for the "
+                           "accelerator, so batches are in pageable memory and a .to(device, non_blocking=True) "
+                           "copy is not asynchronous. The batches are the same.", ShmloadWarning)
+
+    def _note(self, message: str, category: type) -> None:
+        if message not in self._notes:
+            self._notes.add(message)
+            warnings.warn(message, category, stacklevel=4)
 
     def _claim(self, cfg: LoaderConfig) -> tuple[int, Any, Any]:
         """The epoch begins (see the note above): (its number, schedule, progress). The
@@ -429,17 +459,24 @@ class DataLoader:
         return schedule, progress
 
     def _length(self) -> int | None:
+        """The epoch's length for its iterator (``len(it)``), without counting as asked."""
         try:
-            return len(self)
+            return self._count()
         except TypeError:
             return None
 
     def __len__(self) -> int:
+        n = self._count()
+        if self._iterable:
+            self._reported_len = n  # you were told: an epoch yielding more warns, as torch's does
+        return n
+
+    def _count(self) -> int:
         if self._iterable:
             n = len(self._source)  # TypeError if the source has no len(), as in torch
-            if self.batch_size is None:
-                return n
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+            if self.batch_size is not None:
+                n = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+            return n
         self._sync_distributed()
         return len(self.batch_sampler) if self.batch_sampler is not None else len(self.sampler)
 
@@ -501,10 +538,7 @@ class DataLoader:
         (NOTE [ Saving without the sampler's state ])."""
         if type(state) is not _Unsaveable:
             return state
-        note = _fast_forward_note(state.reason, kind)
-        if note not in self._notes:
-            self._notes.add(note)
-            warnings.warn(note, ShmloadWarning, stacklevel=3)
+        self._note(_fast_forward_note(state.reason, kind), ShmloadWarning)
         return None
 
     def _batching(self) -> dict:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._platform import usable_cpus
 from . import counters
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
 
@@ -128,14 +129,6 @@ def cpu_seconds(pid: int) -> float | None:
     except (psutil.Error, OSError):
         return None
     return t.user + t.system
-
-
-def usable_cpus() -> set[int]:
-    """The CPUs this process may run on (its affinity)."""
-    try:
-        return os.sched_getaffinity(0)
-    except AttributeError:
-        return set(range(os.cpu_count() or 1))
 
 
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -15,6 +15,7 @@ different order.
 from __future__ import annotations
 
 import itertools
+import types
 from typing import Any, Iterator, Sized
 
 import numpy as np
@@ -44,6 +45,8 @@ class SequentialSampler:
     the epoch number that seeds the batches' augmentations (``DataLoader._upcoming_epoch``),
     which trainers set with ``loader.sampler.set_epoch(n)``.
     """
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
 
     # ``_order()`` returns the epoch's indices as one array, which BatchSampler slices.
     # Looked up in the class's own __dict__: a subclass may change __iter__.
@@ -83,6 +86,8 @@ class RandomSampler:
     shuffled differently; ``set_epoch(n)`` chooses the epoch of the next ``iter()``.
     """
 
+    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
+
     _array_order = True  # see SequentialSampler
 
     def __init__(self, data_source: Sized, seed: int = 0):
@@ -121,6 +126,8 @@ class BatchSampler:
 
     The last, shorter batch is kept unless ``drop_last``.
     """
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool):
         check_int("batch_size", batch_size, 1)

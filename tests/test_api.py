@@ -66,8 +66,9 @@ def test_unknown_keyword_is_a_type_error():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(pin_memory=True), "pin_memory=True is not supported"),
-    (dict(pin_memory_device="cuda"), "pin_memory_device='cuda' is not supported"),
+    (dict(multiprocessing_context="spawn"), r"multiprocessing_context can only be used with multi-process loading "
+                                            r"\(num_workers > 0\), but got num_workers=0"),
+    (dict(batch_size=2, drop_last=1), r"drop_last should be a boolean value, but got drop_last=1"),
     (dict(num_workers=-1), "num_workers should be a non-negative integer"),
     (dict(timeout=-1), "timeout option should be non-negative"),
     (dict(prefetch_factor=0), "prefetch_factor should be a positive integer or None"),
@@ -80,7 +81,6 @@ def test_unknown_keyword_is_a_type_error():
     (dict(seed=-3), "seed should be a non-negative integer"),
     (dict(slot_bytes=0), "slot_bytes should be a positive integer or None"),
     (dict(multiprocessing_context="threads", num_workers=1), "'threads' is not a start method"),
-    (dict(persistent_workers="yes"), "persistent_workers should be True or False"),
     (dict(max_worker_restarts=-1), "max_worker_restarts should be a non-negative integer"),
     (dict(batch_size=-2), "batch_size should be a positive integer"),
     (dict(prefetch_factor=-1), "prefetch_factor should be a positive integer or None"),

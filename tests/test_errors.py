@@ -94,7 +94,7 @@ def test_timeout_raises_loader_timeout_error_naming_the_worker():
     loader = DataLoader(SlowDataset(4, 6.0, slow={2}), batch_size=2, num_workers=1, timeout=1.5)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
-    with pytest.raises(LoaderTimeoutError, match=r"timed out after 1.5 seconds waiting for batch 1: worker 0 "
+    with pytest.raises(LoaderTimeoutError, match=r"DataLoader timed out after 1.5 seconds waiting for batch 1: worker 0 "
                                                  r"\(pid \d+\) is loading dataset indices \[2, 3\]") as info:
         next(it)
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, RuntimeError)

@@ -212,7 +212,7 @@ def test_a_stuck_stream_times_out_naming_the_draw():
     loader = DataLoader(stuck, batch_size=1, num_workers=1, timeout=1)
     it = iter(loader)
     assert next(it).tolist() == [1]
-    with pytest.raises(shmload.LoaderTimeoutError, match=r"timed out after 1.0 seconds waiting for batch 1: worker 0 "
+    with pytest.raises(shmload.LoaderTimeoutError, match=r"DataLoader timed out after 1 seconds waiting for batch 1: worker 0 "
                                                          r"\(pid \d+\) is loading draw 1 of worker 0's stream"):
         next(it)
     del it

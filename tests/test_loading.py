@@ -205,7 +205,6 @@ def test_settings_changed_after_construction_apply_at_the_next_iter():
     ("timeout", None, "timeout option should be non-negative"),
     ("slot_bytes", "1MB", "slot_bytes should be a positive integer or None"),
     ("output", "pandas", "output should be 'numpy' or 'torch'"),
-    ("in_order", "no", "in_order should be True or False"),
     ("num_workers", -2, "num_workers should be a non-negative integer"),
 ])
 def test_settings_set_after_construction_are_checked_at_the_next_iter(name, value, match):
