@@ -230,7 +230,8 @@ def _spin(seconds: float) -> None:
 
 def profile_one(dataset: Any, workers: int, args: argparse.Namespace, progress: Progress) -> LoaderStats:
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=workers,
-                        persistent_workers=workers > 0, multiprocessing_context=args.start_method, seed=0)
+                        persistent_workers=workers > 0, seed=0,
+                        multiprocessing_context=args.start_method if workers > 0 else None)  # (torch's rule)
     try:
         warmup, measured = max(2, 2 * workers), 0
         label = f"num_workers={workers}"
