@@ -63,8 +63,14 @@ def is_iterable_source(dataset: Any) -> bool:
 
 def as_source(dataset: Any) -> Any:
     """The dataset, or a generator function wrapped as a :class:`GeneratorSource`; a
-    generator object is refused with the fix."""
-    if inspect.isgenerator(dataset) or (hasattr(dataset, "__next__") and iter(dataset) is dataset):
+    generator object is refused with the fix.
+
+    An object that is its own iterator (``__iter__`` returns ``self``, as many torch
+    IterableDatasets do) is accepted, as torch accepts it: each worker iterates its own
+    copy, and with ``num_workers=0`` the object itself is iterated. A generator object
+    is the exception: it cannot be pickled to a spawned worker, and a copy (a forked one)
+    would re-run the same frame in every worker."""
+    if inspect.isgenerator(dataset) or inspect.isasyncgen(dataset) or inspect.iscoroutine(dataset):
         raise TypeError(
             f"the dataset is an iterator ({type(dataset).__name__}), which can be read once, by one process. "
             "Pass a function that makes it (DataLoader(make_iter) or shmload.GeneratorSource(make_iter, ...)), "
@@ -152,14 +158,16 @@ class Stream:
         try:
             if draw.size is None:
                 return next(self._it)
-            samples = list(itertools.islice(self._it, draw.size))
+            # next() draw.size times, in C. Not islice(): it calls iter() on what it is
+            # given, and a source that is its own iterator may start over in __iter__.
+            samples = list(map(next, itertools.repeat(self._it, draw.size)))
         except StopIteration:
             self._ended = True
             return None
         # (an exception from the source propagates: it is this draw's error, and the next
         # draw asks the iterator again; a generator that raised is finished, so it ends)
         if len(samples) < draw.size:
-            self._ended = True  # islice stopped early: the source is exhausted
+            self._ended = True  # stopped early: the source is exhausted
             if not samples or draw.drop_last:
                 return None
         return samples

@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 SAMPLER_STREAM = 0
+TORCH_SEED_MASK = 2**63 - 1  # torch's seeds are 63-bit: torch.initial_seed() fits in an int64
 
 
 def draw_base_seed(generator=None) -> int:
@@ -75,7 +76,32 @@ def seed_globals(seed: int, epoch: int, position: int, rank: int = 0) -> None:
     if torch is not None:
         # The CPU generator only: torch.manual_seed() also visits every accelerator
         # backend and costs ~170 us, more than the rest of the batch's bookkeeping.
-        torch.default_generator.manual_seed(value)
+        # 63 bits, as torch's own seeds: torch.initial_seed() then fits in an int64, so a
+        # sample holding it can be batched. Still a pure function of the batch.
+        torch.default_generator.manual_seed(value & TORCH_SEED_MASK)
+
+
+def worker_seed(seed: int, worker_id: int) -> int:
+    """A worker's own seed, as torch's: base seed + worker id (modulo 2**64, the range
+    torch.manual_seed() takes). What ``torch.initial_seed()`` returns in
+    ``worker_init_fn``, and torch's ``get_worker_info().seed``."""
+    return (seed + worker_id) % 2**64
+
+
+def seed_worker(seed: int, worker_id: int) -> None:
+    """Seed a worker's ``random``, numpy's and (if imported) torch's global RNGs at its
+    start, before ``worker_init_fn``, the way torch's DataLoader does: distinct per
+    worker (a forked worker would otherwise start with its parent's states, the same in
+    every worker). Batches are seeded again each (:func:`seed_globals`), so this only
+    matters to ``worker_init_fn`` and to whatever it sets up."""
+    value = worker_seed(seed, worker_id)
+    random.seed(value)
+    # torch's _generate_state(base_seed, worker_id), which is this SeedSequence's state
+    base = seed % 2**64
+    np.random.seed(np.random.SeedSequence([worker_id, base & 0xFFFFFFFF, base >> 32, 0]).generate_state(4))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(value)  # once per worker: every backend, as torch's workers do
 
 
 @contextmanager

@@ -8,6 +8,7 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import selectors
@@ -53,10 +54,33 @@ class WorkerHandle:
         return f"exited with exit code {code}"
 
 
-def _pickled_user_code(user: UserCode, method: str) -> bytes:
-    """Pickle the user's objects once, in the main process, naming any that cannot be."""
+class _NotingPickler(reduction.ForkingPickler):
+    """multiprocessing's pickler, noting whether a reducer registered with it ran
+    (``ForkingPickler.register``: torch's tensors and storages, sockets, connections,
+    shared ctypes). Those may hand over something only one process can take (a
+    descriptor, a reference count); whatever else it pickles can be sent to any number."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.registered_reducer_ran = False
+        for cls, reduce in self._extra_reducers.items():
+            self.dispatch_table[cls] = self._noting(reduce)
+
+    def _noting(self, reduce: Any) -> Any:
+        def noted(obj: Any) -> Any:
+            self.registered_reducer_ran = True
+            return reduce(obj)
+        return noted
+
+
+def _pickled_user_code(user: UserCode, method: str) -> tuple[bytes, bool]:
+    """The user's objects pickled, and whether these bytes may go to other workers too;
+    any object that cannot be pickled is named."""
     try:
-        return bytes(reduction.ForkingPickler.dumps(user))
+        buf = io.BytesIO()
+        pickler = _NotingPickler(buf)
+        pickler.dump(user)
+        return buf.getvalue(), not pickler.registered_reducer_ran
     except Exception as exc:
         for field, value in zip(user._fields, user):
             try:
@@ -71,6 +95,37 @@ def _pickled_user_code(user: UserCode, method: str) -> bytes:
         raise WorkerStartupError(f"the loader's objects cannot be pickled for {method!r}: {exc}") from exc
 
 
+class _PerWorker:
+    """The user's objects as sent to worker processes under spawn and forkserver: pickled
+    while each worker's ``Process`` is being pickled (at each start and restart), the way
+    torch's DataLoader sends its dataset; the worker receives plain ``bytes`` and unpickles
+    them inside its own error handling (``worker.py``), so a failure there is still a
+    ``WorkerStartupError`` with the worker's traceback, and an object that cannot be
+    pickled is named before the first worker starts.
+
+    Not one pickle for all workers: torch's tensor reductions hand each storage over as a
+    descriptor that one process can take, once, so a second worker sent the same bytes
+    failed at start-up with ``EOFError``. Pickled inside the ``Process``'s own pickling, a
+    descriptor travels with that process's start (``duplicate_for_child``), not through a
+    ``resource_sharer`` thread that keeps it until someone asks. When no such reducer ran
+    (no tensors: numpy arrays, paths, ...) the first pickle is kept and sent to every
+    worker, so a large dataset is not pickled once per worker."""
+
+    __slots__ = ("user", "method", "reusable")
+
+    def __init__(self, user: UserCode, method: str):
+        self.user, self.method = user, method
+        self.reusable: bytes | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        data = self.reusable
+        if data is None:
+            data, reusable = _pickled_user_code(self.user, self.method)
+            if reusable:
+                self.reusable = data
+        return bytes, (data,)  # bytes(data) is data: no copy in the worker
+
+
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode):
         _platform.check_supported()
@@ -83,7 +138,7 @@ class Supervisor:
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         self._deferred: set[WorkerHandle] = set()  # channels with messages waiting for flush()
         method = ctx.get_start_method()
-        payload = user if method == "fork" else _pickled_user_code(user, method)
+        payload = user if method == "fork" else _PerWorker(user, method)
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
         try:

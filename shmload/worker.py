@@ -28,6 +28,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -119,6 +120,17 @@ def _exit_when_orphaned(fd: int) -> None:
     os._exit(0)  # nothing named to clean up: segments are unlinked, the socket dies with us
 
 
+def limit_torch_threads() -> None:
+    """One intra-op thread, as torch's workers have, if torch is imported (never import
+    it: that costs a worker about a second). Not only against oversubscription: a
+    worker forked after the parent used torch's thread pool (OpenMP) hangs in its first
+    parallel torch op, since the pool's threads were not forked with it. Done before
+    ``worker_init_fn``, which may raise it again."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 class _WorkerLoop:
     def __init__(self, args: WorkerArgs):
         self.args = args
@@ -152,6 +164,8 @@ class _WorkerLoop:
             self.user = pickle.loads(a.user) if isinstance(a.user, bytes) else a.user
             _worker_info = WorkerInfo(a.worker_id, a.num_workers, a.seed, self.user.dataset)
             self.share_info_with_torch()
+            limit_torch_threads()
+            seeding.seed_worker(a.seed, a.worker_id)
             if self.user.worker_init_fn is not None:
                 self.user.worker_init_fn(a.worker_id)
             if is_iterable_source(self.user.dataset):
