@@ -151,6 +151,17 @@ def _check_unchanged(source: Any, resume: dict, state: Any) -> None:
             "load_state_dict() and the resumed epoch's first batch")
 
 
+def _check_streams(cfg: LoaderConfig, resume: dict) -> None:
+    """An iterable state resumes only with as many worker streams as saved it (the resume
+    then waits for a retry with the right ``num_workers``)."""
+    saved, streams = len(resume["streams"]), max(1, cfg.num_workers)
+    if saved != streams:
+        raise ValueError(
+            f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
+            f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={cfg.num_workers}: each "
+            "worker reads its own shard of the stream, so resume with the same number of workers")
+
+
 class DataLoader:
     """Loads batches from a map-style dataset (or an iterable source) with worker processes
     writing into shared memory.
@@ -384,6 +395,7 @@ class DataLoader:
                            "copy is not asynchronous. The batches are the same.", ShmloadWarning)
 
     def _note(self, message: str, category: type) -> None:
+        """Warn once per loader (trainers call iter(), len() and state_dict() many times)."""
         if message not in self._notes:
             self._notes.add(message)
             warnings.warn(message, category, stacklevel=4)
@@ -419,7 +431,7 @@ class DataLoader:
     def _check_resume(self, cfg: LoaderConfig) -> None:
         """Refuse at iter() what the loaded state cannot be resumed with."""
         if cfg.iterable:
-            self._stream_plan(cfg, self._resume)
+            _check_streams(cfg, self._resume)
         elif self._resume["next_batch"] or self._resume["delivered_beyond"]:
             _check_unchanged(self._order_source, self._resume, _capture(self._order_source))
 
@@ -446,12 +458,7 @@ class DataLoader:
         streams = max(1, cfg.num_workers)
         if resume is None:
             return RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last), StreamProgress(streams)
-        saved = len(resume["streams"])
-        if saved != streams:  # (__iter__ keeps the resume for a retry with the right num_workers)
-            raise ValueError(
-                f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
-                f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={cfg.num_workers}: each "
-                "worker reads its own shard of the stream, so resume with the same number of workers")
+        _check_streams(cfg, resume)
         progress = StreamProgress.resumed(resume)
         schedule = RoundRobinSchedule(streams, cfg.batch_size, cfg.drop_last, draws=progress.draws,
                                       ended=progress.ended, first=progress.next_worker,
@@ -490,7 +497,8 @@ class DataLoader:
         if not self._iterable:  # (a stream shards itself, by get_worker_info() and the rank)
             order = self._order_source if not self._own_sampler else None
             decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
-            sharding.warn_once(self._notes, decision.warn)
+            if decision.warn is not None:
+                self._note(decision.warn, sharding.DistributedWarning)
             if self._own_sampler and decision.shard != self._shard and (decision.shard is not None or unshard):
                 self._reshard(decision.shard)
         rank = current_rank(self.sampler)

@@ -4,7 +4,7 @@ Lightning, accelerate and the HF Trainer give torch's DataLoader a distributed s
 rebuilding it; they cannot rebuild ours, so without this module every rank of a DDP job
 would silently train on the whole dataset. The rule, decided afresh at every ``iter()``
 (and by ``len()``, ``state_dict()`` and ``load_state_dict()``, so they agree with what is
-delivered):
+delivered; those three may shard, only ``iter()`` undoes a shard):
 
 - ``torch.distributed`` initialized with a world size above 1, and the loader built its
   sampler itself (``shuffle=``, the default): the loader reads this rank's share, exactly
@@ -26,7 +26,6 @@ else by 0 (torch's ``DistributedSampler`` default), never by a seed drawn per pr
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any, NamedTuple
 
 from .errors import ShmloadWarning
@@ -88,9 +87,3 @@ def decide(mode: bool | None, own_sampler: bool, order: Any, world: tuple[int, i
         "shmload.DistributedSampler(dataset) (or torch's) as sampler=, or pass distributed=False if every rank "
         "should read everything"))
 
-
-def warn_once(loader_notes: set[str], message: str | None) -> None:
-    """Give ``message`` once per loader (``loader_notes`` remembers what was said)."""
-    if message is not None and message not in loader_notes:
-        loader_notes.add(message)
-        warnings.warn(message, DistributedWarning, stacklevel=4)

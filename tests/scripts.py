@@ -6,6 +6,7 @@ torchrun's ranks) is killed, so a hung example cannot leave processes behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -40,3 +41,15 @@ def run_script(args: list[str], timeout: float, **env: str) -> subprocess.Comple
 
 def describe(result: subprocess.CompletedProcess) -> str:
     return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def torchrun_args(ranks: int, args: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` arguments for ``ranks`` processes on this machine
+    (``--standalone``: a rendezvous on localhost, on a free port torchrun picks)."""
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
+
+
+def read_jsonl(path) -> list:
+    """The records an example appended, one JSON value a line (its ``--record`` files)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f]

@@ -5,11 +5,10 @@ with two, and what it trained on is compared. Marked ``torch``; skipped without 
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 
-from .scripts import describe, run_script
+from .scripts import describe, read_jsonl, run_script, torchrun_args
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300),
               pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
@@ -23,8 +22,8 @@ BATCHES = -(-SAMPLES // BATCH)  # 23 a epoch: the last accumulation window is pa
 def train(tmp_path, record, *args, ranks=1, timeout=150):
     cmd = [SCRIPT, "--record", str(tmp_path / record), "--samples", str(SAMPLES), "--batch-size", str(BATCH),
            "--accumulate", str(ACCUMULATE), *args]
-    if ranks > 1:  # --standalone: a rendezvous on localhost, on a free port torchrun picks
-        cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *cmd]
+    if ranks > 1:
+        cmd = torchrun_args(ranks, cmd)
     result = run_script(cmd, timeout=timeout, OMP_NUM_THREADS="1")
     assert result.returncode == 0, describe(result)
     return result
@@ -32,8 +31,7 @@ def train(tmp_path, record, *args, ranks=1, timeout=150):
 
 def rows(tmp_path, record, rank=0):
     """[epoch, ids, augmentation checksum, sync_gradients, end_of_dataloader] per batch."""
-    with open(tmp_path / f"{record}.rank{rank}.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(tmp_path / f"{record}.rank{rank}.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from shmload.integrations import hf_trainer
 from shmload.seeding import permutation
 
 from .helpers import RangeDataset
-from .scripts import ROOT, describe, run_script
+from .scripts import ROOT, describe, read_jsonl, run_script, torchrun_args
 
 pytestmark = pytest.mark.timeout(300)  # a run imports torch and transformers: ~6 s each
 needs_trainer = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
@@ -60,7 +60,7 @@ def train(tmp_path, *args, command=(SCRIPT,), ranks=1, expect=0, timeout=150):
     cmd = [*command, "--output-dir", str(tmp_path / "out"), "--record", str(tmp_path / "run"),
            "--samples", str(SAMPLES), "--batch-size", str(BATCH), *args]
     if ranks > 1:
-        cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *cmd, "--workers", "1"]
+        cmd = torchrun_args(ranks, [*cmd, "--workers", "1"])
     result = run_script(cmd, timeout=timeout, OMP_NUM_THREADS="1")
     assert result.returncode == expect, describe(result)
     if expect != 0:
@@ -72,8 +72,7 @@ def train(tmp_path, *args, command=(SCRIPT,), ranks=1, expect=0, timeout=150):
 
 def seen(tmp_path, rank=0):
     """[epoch, sample ids, augmentation checksum] per batch the model trained on, in order."""
-    with open(tmp_path / f"run.rank{rank}.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(tmp_path / f"run.rank{rank}.jsonl")
 
 
 def saved_position(tmp_path, step, name="shmload_loader.json"):

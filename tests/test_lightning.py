@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import os
 
 import pytest
 
-from .scripts import describe, run_script
+from .scripts import describe, read_jsonl, run_script
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300),  # a fit() imports torch and Lightning: ~10 s
               pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
@@ -30,8 +29,7 @@ def fit(tmp_path, record, *args, timeout=150):
 
 
 def seen(tmp_path, record, rank=0):
-    with open(tmp_path / f"{record}.rank{rank}.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(tmp_path / f"{record}.rank{rank}.jsonl")
 
 
 @pytest.fixture(scope="module")

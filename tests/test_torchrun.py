@@ -23,7 +23,7 @@ import time
 import psutil
 import pytest
 
-from .scripts import describe, run_script
+from .scripts import describe, run_script, torchrun_args
 
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
 
@@ -72,8 +72,7 @@ def run(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def torchrun(*example_args: str) -> subprocess.CompletedProcess:
-    # --standalone: a rendezvous on localhost with a free port torchrun picks itself.
-    return run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", DDP_TRAIN, *example_args])
+    return run(torchrun_args(2, [DDP_TRAIN, *example_args]))
 
 
 
