@@ -27,3 +27,4 @@ class LoaderConfig:
     iterable: bool = False  # the dataset is read as a stream (iterable.py)
     batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
     drop_last: bool = False
+    pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)

@@ -122,6 +122,11 @@ class SingleProcessEpoch(_Epoch):
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
+        # each array of a batch: copied into page-locked memory with pin_memory=True and CUDA
+        # (there is no ring to pin: pinning.py), then made a tensor for output="torch"
+        pin, torch_out = (cfg.pinner.copy if cfg.pinner is not None else None), cfg.output == "torch"
+        self._wrap = (lambda a: lifetime.to_torch(pin(a))) if pin and torch_out else \
+            pin or (lifetime.to_torch if torch_out else None)
 
     def _produce(self) -> Any:
         if self.schedule is None:
@@ -170,7 +175,7 @@ class SingleProcessEpoch(_Epoch):
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
                                        f"({describe_load(load)})") from exc
-            batch = _layout.build_local(plan, lifetime.to_torch if cfg.output == "torch" else None)
+            batch = _layout.build_local(plan, self._wrap)
             collate_s = _clock() - t1
             self._nbytes = plan.layout.nbytes
             self._consumed(seq, draw, point)

@@ -2,7 +2,8 @@
 
 Every array of a yielded batch is a view of one *owner* ndarray covering the slot.
 numpy collapses chains of views to the first array whose base is not an ndarray, so
-every view's ``.base`` is the owner (the owner's own base is the buffer of the mmap), and
+every view's ``.base`` is the owner (the owner's own base is the mmap, or for a pinned
+segment a window object that keeps the page-locked region alive: pinning.py), and
 so is the base of anything derived from a view by slicing, reshaping or
 ``torch.from_numpy``. The owner therefore dies exactly when the last reference to the
 batch's data does, and a weak reference to it reports the slot as free.
@@ -60,7 +61,7 @@ def deliver(slot: Slot | None, layout: _layout.Layout, releases: ReleaseQueue, o
         make = (lambda spec: to_torch(np.empty(spec.shape, spec.dtype))) if output == "torch" else \
             (lambda spec: np.empty(spec.shape, spec.dtype))
         return _layout.build(layout, make)
-    owner = np.frombuffer(slot.segment.mmap, dtype=np.uint8, count=slot.capacity, offset=slot.offset)
+    owner = slot.segment.window(slot.offset, slot.capacity)
     slot.state = SlotState.HELD
     releases.watch(owner, slot)
     view = _layout.slot_destination(owner)

@@ -12,14 +12,13 @@ import copy
 import functools
 import itertools
 import numbers
-import sys
 import threading
 import types
 import warnings
 import weakref
 from typing import Any, NamedTuple
 
-from . import _platform, seeding, sharding
+from . import _platform, pinning, seeding, sharding
 from . import resume as _resume
 from ._checks import check_int
 from .collate import default_collate
@@ -40,7 +39,7 @@ from .supervisor import owned_here
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
 # Read again at the next iter(), as torch does: setting them takes effect then.
 _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
-             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts")
+             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts", "pin_memory")
 
 
 def _classify(dataset: Any) -> tuple[Any, bool]:
@@ -244,7 +243,7 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.prefetch_factor = prefetch_factor  # None: automatic (see dispatch.prefetch_depth)
         self.persistent_workers = persistent_workers
-        self.pin_memory = pin_memory  # honoured where an accelerator is; without one, warned about at iter()
+        self.pin_memory = pin_memory  # page-locks the ring with CUDA (pinning.py); without, warned about at iter()
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
@@ -290,6 +289,7 @@ class DataLoader:
             if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
             collate_fn = self.collate_fn
+            pinner, self._pin_note = pinning.choose(bool(self.pin_memory))
             self._cfg = LoaderConfig(
                 dataset=self._source, auto_batch=self._auto_batch,
                 collate_fn=None if collate_fn is default_collate else collate_fn,
@@ -298,7 +298,8 @@ class DataLoader:
                 worker_init_fn=self.worker_init_fn, in_order=bool(self.in_order), seed=self.seed,
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
                 max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
-                rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last)
+                rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last,
+                pinner=pinner)
         return self._cfg
 
     def _check_settings(self) -> None:
@@ -384,15 +385,10 @@ class DataLoader:
             if self.pin_memory_device:
                 self._note("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                            f"ignore pin_memory_device='{self.pin_memory_device}'.", UserWarning)
-            torch = sys.modules.get("torch")
-            accelerator = getattr(torch, "accelerator", None)
-            if accelerator is None or not accelerator.is_available():
-                self._note("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
-                           "memory won't be used.", UserWarning)
-            else:
-                self._note("pin_memory=True: shmload does not yet page-lock its shared-memory ring for the "
-                           "accelerator, so batches are in pageable memory and a .to(device, non_blocking=True) "
-                           "copy is not asynchronous. The batches are the same.", ShmloadWarning)
+            if self._pin_note == pinning.NO_ACCELERATOR:
+                self._note(self._pin_note, UserWarning)  # torch's
+            elif self._pin_note:
+                self._note(self._pin_note, ShmloadWarning)
 
     def _note(self, message: str, category: type) -> None:
         """Warn once per loader (trainers call iter(), len() and state_dict() many times)."""

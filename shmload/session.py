@@ -24,6 +24,7 @@ replacement would most likely die the same way.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import warnings
@@ -109,7 +110,7 @@ class Session:
             bound, source = cfg.max_shm_bytes, "max_shm_bytes"
         else:
             bound, source = default_max_shm_bytes()
-        self.ring = Ring(Segment, self._min_slots, bound, bound_source=source,
+        self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._min_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
         # The profiler's board: one row of counters per worker (counters.py), ~256 KiB each.

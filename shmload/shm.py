@@ -33,6 +33,7 @@ import numpy as np
 
 from ._platform import MAP_FLAGS
 from .errors import SharedMemoryError, format_bytes
+from .pinning import Pinner, PinnedRegion
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "/shmload-"
@@ -93,17 +94,36 @@ def reserve(fd: int, size: int) -> None:
 
 
 class Segment:
-    """One shared-memory segment owned by the main process."""
+    """One shared-memory segment owned by the main process; page-locked for the
+    accelerator when a ``pinner`` is given (pinning.py)."""
 
-    def __init__(self, segment_id: int, size: int):
+    def __init__(self, segment_id: int, size: int, pinner: Pinner | None = None):
         self.id = segment_id
         self.size = size
         self.fd = _create_anonymous(size)
+        self._pinned: PinnedRegion | None = None
         try:
             self.mmap = mmap.mmap(self.fd, size, flags=MAP_FLAGS)
+            if pinner is not None:
+                try:
+                    self._pinned = PinnedRegion(self.mmap, pinner)
+                except BaseException:
+                    self.mmap.close()
+                    raise
         except BaseException:
             os.close(self.fd)
             raise
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned is not None
+
+    def window(self, offset: int, count: int) -> np.ndarray:
+        """A uint8 array over ``count`` bytes at ``offset``, whose ``.base`` is not an
+        ndarray, so that views of it collapse onto it (see lifetime.py)."""
+        if self._pinned is not None:
+            return self._pinned.window(offset, count)
+        return np.frombuffer(self.mmap, dtype=np.uint8, count=count, offset=offset)
 
     def close(self) -> None:
         """Give up the main process's own hold. Views the user still holds keep the memory
@@ -111,6 +131,11 @@ class Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self._pinned is not None:
+            # NOTE [ Unregister before unmap ] (pinning.py): the region unregisters and
+            # unmaps once this and the last window over it are gone
+            self._pinned = None
+            return
         try:
             self.mmap.close()
         except BufferError:

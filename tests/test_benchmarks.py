@@ -2,6 +2,8 @@
 itself runs in CI as `python -m benchmarks.run --quick`.)"""
 
 
+import re
+
 import pytest
 
 from benchmarks import report
@@ -64,3 +66,18 @@ def test_the_soak_slope_ignores_the_warm_up_half_and_is_per_hour():
     assert slope(times, values) == pytest.approx(120.0)
     assert slope(times, [7.0] * 10) == pytest.approx(0.0, abs=1e-9)
     assert slope([0.0], [1.0]) == 0.0
+
+
+def test_the_pinned_benchmark_says_why_it_measures_nothing_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None and " \
+            "__import__('torch').cuda.is_available())"
+    if subprocess.run([sys.executable, "-c", probe], timeout=120).returncode:
+        pytest.skip("CUDA is available here: the benchmark measures instead")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.pinned", "--quick"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"benchmarks\.pinned: skipped, nothing measured: (torch is not installed|CUDA is not available)",
+                    done.stdout)
