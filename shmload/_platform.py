@@ -7,11 +7,15 @@ works everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing
 import os
+import signal
 import sys
 import threading
+import weakref
+from typing import Any, Iterator
 
 from .errors import ShmloadError
 
@@ -69,6 +73,174 @@ def resolve_context(value) -> multiprocessing.context.BaseContext:
     )
 
 
+# ---------------------------------------------------------------- Ctrl-C
+# NOTE [ Ctrl-C waits for a window ]
+# Python raises KeyboardInterrupt between any two bytecodes of the main thread. Some of
+# the loader's steps must not be cut in two: a shared-memory name lives between shm_open
+# and shm_unlink (cut there, it stays in /dev/shm for ever); a descriptor or a started
+# process is on its way into the object that will own it; a message is half sent, a
+# result read but not yet filed, a slot taken but not yet given to a task (cut there,
+# the iterator loses a batch, or waits forever for one). Such steps run as a *window*:
+# between defer_sigint() and resume_sigint() in the main thread, SIGINT's handler only
+# notes the signal, and resume_sigint() hands it on, raising the KeyboardInterrupt where
+# the caller has made its state whole again. Only blocking waits with nothing half done
+# are left open to it (interruptible()), so a Ctrl-C is never held for longer than the
+# loader's own bookkeeping takes.
+#
+# How: the first window wraps whatever handler is installed (default_int_handler, or the
+# user's) in _gate_handler, and leaves it installed; outside windows it calls the wrapped
+# handler at once, so the only visible change is signal.getsignal(SIGINT). A handler the
+# user installs later is wrapped in turn by the next window. SIG_DFL and SIG_IGN raise no
+# KeyboardInterrupt, so there is nothing to defer. Other threads need nothing: Python
+# runs signal handlers in the main thread only. pthread_sigmask alone would not do in the
+# main thread: the kernel then hands the signal to another thread, and Python still runs
+# the handler here; it is used, in start_window(), only so that a worker started inside
+# the window inherits a blocked SIGINT (see start_window()).
+_MAIN_THREAD = threading.main_thread().ident
+
+
+class _Gate:
+    depth = 0  # open windows in the main thread
+    pending: Any = None  # the frame a deferred SIGINT arrived in
+    wrapped: Any = None  # the handler a SIGINT is handed to
+
+
+def _gate_handler(signum: int, frame: Any) -> None:
+    if _Gate.depth:
+        _Gate.pending = frame
+    else:
+        _Gate.wrapped(signum, frame)
+
+
+def defer_sigint() -> bool:
+    """Open a window; False where there is nothing to defer (another thread, SIG_DFL...).
+    Pass the result to :func:`resume_sigint`."""
+    if threading.get_ident() != _MAIN_THREAD:
+        return False
+    if _Gate.depth == 0:
+        current = signal.getsignal(signal.SIGINT)
+        if current is not _gate_handler:
+            if not callable(current):
+                return False
+            try:
+                signal.signal(signal.SIGINT, _gate_handler)
+            except ValueError:  # not the main interpreter
+                return False
+            _Gate.wrapped = current
+    _Gate.depth += 1
+    return True
+
+
+def resume_sigint(entered: bool) -> None:
+    """Close a window: a SIGINT that came meanwhile raises its KeyboardInterrupt now."""
+    if not entered:
+        return
+    _Gate.depth -= 1
+    if _Gate.depth == 0 and _Gate.pending is not None:
+        frame, _Gate.pending = _Gate.pending, None
+        _Gate.wrapped(signal.SIGINT, frame)
+
+
+def sigint_pending() -> bool:
+    return _Gate.pending is not None
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside a window, a blocking wait with nothing half done: a Ctrl-C (one that came
+    earlier included) interrupts it."""
+    depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD else 0
+    if not depth:
+        yield
+        return
+    _Gate.depth = 0
+    try:
+        if _Gate.pending is not None:
+            frame, _Gate.pending = _Gate.pending, None
+            _Gate.wrapped(signal.SIGINT, frame)
+        yield
+    finally:
+        _Gate.depth = depth
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A window as a ``with`` block (NOTE [ Ctrl-C waits for a window ])."""
+    entered = defer_sigint()
+    try:
+        yield
+    finally:
+        resume_sigint(entered)
+
+
+@contextlib.contextmanager
+def start_window() -> Iterator[None]:
+    """A window for starting a worker process, which must start ignoring SIGINT: a
+    Ctrl-C reaches the whole process group, and a worker still starting its interpreter
+    (spawn) would print a traceback of its own, one per worker, before it could set
+    SIG_IGN itself. So SIGINT is ignored while the process starts (an ignored disposition
+    survives fork and exec, and Python then installs no KeyboardInterrupt handler), and
+    blocked meanwhile, so that a Ctrl-C of the user's is kept by the kernel (a blocked
+    signal is never discarded as ignored) and noted once the gate's handler is back. The
+    worker unblocks it once it ignores SIGINT itself (worker.py)."""
+    entered = defer_sigint()
+    try:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            if entered:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                yield
+            finally:
+                if entered:
+                    signal.signal(signal.SIGINT, _gate_handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a SIGINT held by the kernel is noted now
+    finally:
+        resume_sigint(entered)
+
+
+def _reset_gate_after_fork() -> None:
+    # a child forked inside a window (a worker) has no window open
+    _Gate.depth, _Gate.pending = 0, None
+
+
+# ---------------------------------------------------------------- descriptors
+def too_many_files(exc: BaseException) -> ShmloadError:
+    """The error for EMFILE/ENFILE: which limit, and what to do."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = f"{soft} (hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard})"
+    except (ImportError, OSError, ValueError):
+        limit = "unknown"
+    return ShmloadError(
+        f"this process has run out of file descriptors ({exc}); its limit (ulimit -n) is {limit}. The loader "
+        "holds one per shared-memory segment and a few per worker. Raise the limit (ulimit -n 65536, or "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, ...) up to the hard limit), or use fewer workers.")
+
+
+# ---------------------------------------------------------------- noticing a worker's death
+# multiprocessing's sentinel is a pipe whose write end the child holds, so it reports the
+# child's exit only once every copy of that end is closed: a helper process the dataset
+# forked (and that outlives the worker, killed by the OOM killer, say) keeps it open, and
+# the main process would wait for ever. A pidfd (Linux 5.3) becomes readable when the
+# process itself exits, whoever holds what.
+def death_watch(process: Any) -> int:
+    """A descriptor that becomes readable when ``process`` exits: a pidfd where the
+    kernel has them, else multiprocessing's sentinel."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            fd = pidfd_open(process.pid)
+        except OSError:  # an old kernel, or a seccomp filter (some containers) refuses it
+            pass
+        else:
+            os.set_inheritable(fd, False)
+            return fd
+    return process.sentinel
+
+
 # ---------------------------------------------------------------- parent-only descriptors
 # The main process's end of each worker's socket must be held by the main process alone:
 # a worker notices that the main process died by end-of-file on its socket, which only
@@ -77,7 +249,14 @@ def resolve_context(value) -> multiprocessing.context.BaseContext:
 # descriptor, so right after a fork the child points each registered descriptor at
 # /dev/null. dup2 rather than close: the fd number stays valid, so a copied Connection
 # object that later closes it cannot close some unrelated file that reused the number.
+#
+# The same holds for the worker processes themselves: multiprocessing records every
+# started child in a module-level set, and at interpreter exit SIGTERMs the daemonic ones
+# it still believes alive. A raw os.fork() copies that set, and a waitpid() on another
+# process's child fails, which multiprocessing reads as "still running": a forked child
+# that simply exits would kill the parent's workers. So the child forgets them too.
 _parent_only: set[int] = set()
+_parent_only_processes: weakref.WeakSet = weakref.WeakSet()
 _lock = threading.Lock()
 
 
@@ -91,9 +270,20 @@ def unregister_parent_only(fd: int) -> None:
         _parent_only.discard(fd)
 
 
+def register_parent_only_process(process: Any) -> None:
+    """A worker that a forked child must not consider its own (see above)."""
+    with _lock:
+        _parent_only_processes.add(process)
+
+
 def _scrub_after_fork() -> None:
     global _lock
     _lock = threading.Lock()  # the parent's lock may have been held by another thread at fork
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set):
+        for process in list(_parent_only_processes):
+            children.discard(process)
+    _parent_only_processes.clear()
     if not _parent_only:
         return
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -110,3 +300,4 @@ def _scrub_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_scrub_after_fork)
+    os.register_at_fork(after_in_child=_reset_gate_after_fork)

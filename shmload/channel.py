@@ -24,6 +24,8 @@ import struct
 from collections import deque
 from typing import Any
 
+from . import _platform
+
 _HEADER = struct.Struct("!i")
 _HUGE = struct.Struct("!Q")
 _READ_SIZE = 1 << 20
@@ -129,8 +131,9 @@ class Channel:
         return frames
 
     def close(self) -> None:
-        self._drop_outbox()
-        self.sock.close()
+        with _platform.sigint_deferred():  # the outbox's descriptors all closed, or none
+            self._drop_outbox()
+            self.sock.close()
 
 
 class Inbox:

@@ -15,13 +15,14 @@ iterator stays usable and the next ``next()`` yields the following batch.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 import weakref
 from typing import Any, Callable
 
 from . import layout as _layout
-from . import lifetime, seeding
+from . import _platform, lifetime, seeding
 from .collate import make_plan
 from .config import LoaderConfig
 from .errors import LoaderTimeoutError, ShmloadError, describe_load
@@ -88,6 +89,11 @@ class _Epoch:
         return self
 
     def __next__(self) -> Any:
+        # One next() at a time: threads sharing an iterator get each batch exactly once.
+        with self._lock:
+            return self._next_timed()
+
+    def _next_timed(self) -> Any:
         clock = self._profile.consumer
         entered = _clock()  # clock.enter(), in-line
         try:
@@ -122,6 +128,7 @@ class SingleProcessEpoch(_Epoch):
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
+        self._lock = threading.Lock()
         # each array of a batch: copied into page-locked memory with pin_memory=True and CUDA
         # (there is no ring to pin: pinning.py), then made a tensor for output="torch"
         pin, torch_out = (cfg.pinner.copy if cfg.pinner is not None else None), cfg.output == "torch"
@@ -199,6 +206,20 @@ class SingleProcessEpoch(_Epoch):
 _ENDED = object()  # _load(): the stream ended, no batch
 
 
+class _Outcome:
+    """What a next() interrupted as it ended had for its caller (NOTE [ A Ctrl-C during next() ])."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any, error: BaseException | None):
+        self.value, self.error = value, error
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class MultiprocessEpoch(_Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
                  claim: Callable[[], tuple[int, Any, Any]], length: int | None, loader: Any, profile: Profile):
@@ -213,6 +234,39 @@ class MultiprocessEpoch(_Epoch):
         # collection and interpreter exit all stop them.
         self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
         self._done = False
+        self._lock = threading.Lock()
+        self._replay: _Outcome | None = None  # NOTE [ A Ctrl-C during next() ]
+
+    # NOTE [ A Ctrl-C during next() ]
+    # With workers, next() is the loader's own bookkeeping plus one wait, and a Ctrl-C
+    # cutting the bookkeeping in two would lose a batch or leave a slot, a task or a
+    # result half filed. So next() runs as one window (_platform.py, NOTE [ Ctrl-C waits
+    # for a window ]) in which only the wait for workers is open to a KeyboardInterrupt
+    # (nothing is half done there). A Ctrl-C that came during the bookkeeping is raised
+    # as next() ends, and the batch (or the dataset's exception) this next() had ready is
+    # kept and is what the following next() returns: going on with the same iterator
+    # yields every batch exactly once. (With num_workers=0 the time goes to the user's
+    # __getitem__, which a Ctrl-C must be able to interrupt: no window there.)
+    def _next_timed(self) -> Any:
+        replay = self._replay
+        if replay is not None:
+            self._replay = None
+            return replay.outcome()
+        entered = _platform.defer_sigint()
+        try:
+            batch = _Epoch._next_timed(self)
+        except KeyboardInterrupt:  # from the wait: nothing was taken
+            _platform.resume_sigint(entered)
+            raise
+        except BaseException as exc:
+            self._replay = _Outcome(None, exc)  # kept if the resume below raises a deferred Ctrl-C
+            _platform.resume_sigint(entered)
+            self._replay = None
+            raise
+        self._replay = _Outcome(batch, None)
+        _platform.resume_sigint(entered)
+        self._replay = None
+        return batch
 
     def _produce(self) -> Any:
         if self._done:

@@ -77,8 +77,9 @@ class _Sessions:
         self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
 
     def close(self) -> None:
-        for session in list(self.live):
-            session.close()
+        for session in [self.persistent, *self.live]:
+            if session is not None:
+                session.close()
         self.persistent = None
 
 
@@ -357,15 +358,27 @@ class DataLoader:
             if cfg.iterable and sessions.stream is None:
                 sessions.stream = Stream(cfg.dataset)  # reset_state(), once per loader
             it: Any = SingleProcessEpoch(cfg, claim, length, sessions.profile, sessions.stream)
-        elif cfg.persistent_workers:
-            if sessions.persistent is None or sessions.persistent.closed:
-                sessions.persistent = Session(cfg, sessions.restarts, sessions.profile)
-                sessions.live.add(sessions.persistent)
-            it = MultiprocessEpoch(cfg, sessions.persistent, False, claim, length, self, sessions.profile)
         else:
-            session = Session(cfg, sessions.restarts, sessions.profile)
-            sessions.live.add(session)
-            it = MultiprocessEpoch(cfg, session, True, claim, length, self, sessions.profile)
+            # Starting workers is one window (_platform.py, NOTE [ Ctrl-C waits for a
+            # window ]): a Ctrl-C is raised once the session is whole and owned, by the
+            # loader (persistent) or by the iterator, whose finalizer closes it.
+            entered = _platform.defer_sigint()
+            try:
+                if not cfg.persistent_workers:
+                    session = Session(cfg, sessions.restarts, sessions.profile)
+                    try:
+                        sessions.live.add(session)
+                        it = MultiprocessEpoch(cfg, session, True, claim, length, self, sessions.profile)
+                    except BaseException:
+                        session.close()
+                        raise
+                else:
+                    if sessions.persistent is None or sessions.persistent.closed:
+                        sessions.persistent = Session(cfg, sessions.restarts, sessions.profile)
+                        sessions.live.add(sessions.persistent)
+                    it = MultiprocessEpoch(cfg, sessions.persistent, False, claim, length, self, sessions.profile)
+            finally:
+                _platform.resume_sigint(entered)
         self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
         it.reported_len = self._reported_len  # an iterable source's len(), if len(loader) was asked
         return it
@@ -446,7 +459,7 @@ class DataLoader:
             batches = self.batch_sampler.batches_from(start)
         else:
             batches = itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
-        schedule = SamplerSchedule(batches, start, skip)
+        schedule = SamplerSchedule(batches, start, skip, batched=self._auto_batch)
         schedule.peek()  # draws the order (samplers and batch samplers are lazy generators)
         return schedule, BatchProgress(start, skip, sampler_state)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, NamedTuple
 
+import numpy as np
+
 from .messages import Draw, Restore
 
 
@@ -31,12 +33,30 @@ class Planned(NamedTuple):
     worker: int | None  # the worker it must go to (a stream's), or None: any
 
 
+def batch_indices(indices: Any, seq: int) -> Any:
+    """One batch of a batch sampler as the workers take it: a list or an array as it is,
+    any other iterable of indices (a set, a tuple, a generator) as a list, as torch
+    accepts them. Checked here, in the main process: a single index (a sampler passed as
+    ``batch_sampler``, a common slip) is torch's TypeError, before any worker sees it."""
+    kind = type(indices)
+    if kind is list or kind is np.ndarray:
+        return indices
+    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
+        raise TypeError(
+            f"'{kind.__name__}' object is not iterable: the batch sampler yielded {indices!r} for batch {seq}, "
+            "where a batch sampler yields a list of dataset indices per batch. A sampler of single indices "
+            "goes in sampler= (with batch_size=), not in batch_sampler=.")
+    return list(indices)
+
+
 class SamplerSchedule:
     """The batches of a sampler, numbered from ``start``; positions in ``skip`` (delivered
     before a save) are passed over."""
 
-    def __init__(self, batches: Iterator[Any], start: int = 0, skip: frozenset[int] = frozenset()):
+    def __init__(self, batches: Iterator[Any], start: int = 0, skip: frozenset[int] = frozenset(),
+                 batched: bool = True):
         self._batches = batches
+        self._batched = batched  # False: single indices (batch_size=None), taken as they are
         self._seq = start
         self._skip = skip
         self._next: Planned | None = None
@@ -52,7 +72,7 @@ class SamplerSchedule:
                 break
             seq, self._seq = self._seq, self._seq + 1
             if seq not in self._skip:
-                self._next = Planned(seq, indices, None)
+                self._next = Planned(seq, batch_indices(indices, seq) if self._batched else indices, None)
         return self._next
 
     def commit(self) -> None:

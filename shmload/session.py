@@ -31,7 +31,7 @@ import warnings
 from collections import deque
 from typing import Any, NamedTuple
 
-from . import counters, lifetime
+from . import _platform, counters, lifetime
 from .config import LoaderConfig
 from .dispatch import Dispatcher, prefetch_depth
 from .layout import ObjectValue
@@ -96,6 +96,8 @@ class Session:
         self.owner_pid = os.getpid()
         self.iteration = 0
         self.closed = False
+        self._released = False  # NOTE [ A close() that did not finish ]
+        self._cpu: dict | None = None  # the workers' CPU seconds, read as close() begins
         self.releases = lifetime.ReleaseQueue()
         self._space_wanted: deque[tuple[int, NeedSpace]] = deque()
         self._space_error: RingFullError | None = None  # why the head of _space_wanted waits
@@ -113,16 +115,16 @@ class Session:
         self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._min_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
-        # The profiler's board: one row of counters per worker (counters.py), ~256 KiB each.
-        self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
-        self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
+        self._board_segment: Segment | None = None
+        self.board = None
+        self.supervisor: Supervisor | None = None
+        # From here on anything may raise, a Ctrl-C included: close() releases what exists.
         try:
+            # The profiler's board: one row of counters per worker (counters.py), ~256 KiB each.
+            self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
+            self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
             self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
                                          UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
-        except BaseException:
-            self._close_board()
-            raise
-        try:
             for h in self.supervisor.workers:
                 self._send_board(h.id)
             if profile is not None:
@@ -139,11 +141,12 @@ class Session:
 
     def _close_board(self) -> None:
         self.board = None
-        self._board_segment.close()
+        if self._board_segment is not None:
+            self._board_segment.close()  # (idempotent, as ring.close() and supervisor.shutdown() are)
 
     def worker_pids(self) -> dict[int, int]:
         """Worker id -> pid of the live workers (for the profiler)."""
-        return {h.id: h.pid for h in self.supervisor.workers if not h.exited}
+        return {h.id: h.pid for h in self.supervisor.workers if not h.exited} if self.supervisor else {}
 
     # ------------------------------------------------------------ depth
     def _min_slots(self, slot_bytes: int) -> int:
@@ -498,29 +501,51 @@ class Session:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
                     what = describe_load(entry.task.indices)
+                    if not h.ready:  # it has the task, but has not even begun to run
+                        return (f"worker {h.id} (pid {h.pid}) has not finished starting: it is still in "
+                                f"{self._starting_in()} (it was given {what}). A worker_init_fn that "
+                                "blocks, or a dataset slow to unpickle under spawn or forkserver, does this")
                     return f"worker {h.id} (pid {h.pid}) is loading {what}"
         held = len(self.ring.slots_in(SlotState.HELD))
         return f"it is not dispatched yet: no ring slot is free (the consumer holds {held} batches)"
+
+    def _starting_in(self) -> str:
+        method = self.cfg.context.get_start_method()
+        steps = ["worker_init_fn"] if self.cfg.worker_init_fn is not None else []
+        if method != "fork":
+            steps.insert(0, "unpickling the dataset")
+        steps.insert(0, f"its start ({method})")
+        return " or ".join(steps)
 
     def deliver(self, loaded: Loaded) -> Any:
         return lifetime.deliver(loaded.slot, loaded.layout, self.releases, self.cfg.output)
 
     # ------------------------------------------------------------ closing
+    # NOTE [ A close() that did not finish ]
+    # A Ctrl-C can land anywhere in close(), and the user (or the loader's finalizer)
+    # calls close() again. So close() marks the session closed at once (no more batches
+    # from it) but counts it released only at its very end, and every step is idempotent:
+    # the next call does what the interrupted one did not. The workers' CPU times are read
+    # before they stop (a reaped process has none), in a window of its own.
     def close(self) -> None:
-        if self.closed or not owned_here(self.owner_pid):
+        if self._released or not owned_here(self.owner_pid):
             return
         self.closed = True
-        cpu = ({wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
-               if self.profile is not None else {})
+        if self._cpu is None:
+            with _platform.sigint_deferred():  # psutil's reads, whole (a Ctrl-C cut would leave a file open)
+                self._cpu = ({wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
+                             if self.profile is not None else {})
         try:
-            self.supervisor.shutdown()
+            if self.supervisor is not None:  # (None: the session's start was interrupted)
+                self.supervisor.shutdown()
         finally:
             try:
-                if self.profile is not None:
-                    self.profile.retire(self, cpu)  # after shutdown: the workers' last batches are in
+                if self.profile is not None and self.board is not None:
+                    self.profile.retire(self, self._cpu)  # after shutdown: the workers' last batches are in
             finally:
                 self._close_board()
                 self.ring.close()
+        self._released = True
 
     def describe_ring(self) -> str:
         r = self.ring

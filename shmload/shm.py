@@ -28,10 +28,11 @@ import errno
 import mmap
 import os
 import secrets
+import weakref
 
 import numpy as np
 
-from ._platform import MAP_FLAGS
+from ._platform import MAP_FLAGS, sigint_deferred, too_many_files
 from .errors import SharedMemoryError, format_bytes
 from .pinning import Pinner, PinnedRegion
 
@@ -58,8 +59,7 @@ def _shortage(size: int, cause: OSError) -> SharedMemoryError:
     )
 
 
-def _create_anonymous(size: int) -> int:
-    """A descriptor for ``size`` reserved bytes of POSIX shared memory, already unlinked."""
+def _open_unlinked() -> int:
     import posix_ipc
 
     for _ in range(8):
@@ -69,19 +69,49 @@ def _create_anonymous(size: int) -> int:
         except posix_ipc.ExistentialError:
             continue  # 96 random bits collided: astronomically unlikely, but try another
         except (posix_ipc.Error, OSError) as exc:
+            if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc):
+                raise too_many_files(exc) from None
             raise SharedMemoryError(f"could not create shared memory in {SHM_DIR}: {exc}") from exc
-        shm.unlink()
-        fd = os.dup(shm.fd)
-        shm.close_fd()
-        break
-    else:
-        raise SharedMemoryError("could not find an unused shared-memory name")
+        try:
+            shm.unlink()
+            return os.dup(shm.fd)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise too_many_files(exc) from None
+            raise
+        finally:
+            shm.close_fd()
+    raise SharedMemoryError("could not find an unused shared-memory name")
+
+
+def _create_anonymous(size: int) -> int:
+    """A descriptor for ``size`` reserved bytes of POSIX shared memory, already unlinked."""
+    fd = _open_unlinked()
     try:
         reserve(fd, size)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    try:
+        return mmap.mmap(fd, size, flags=MAP_FLAGS)
+    except OSError as exc:
+        if exc.errno != errno.ENOMEM:
+            raise
+        try:
+            import resource
+            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+            limit = "unlimited" if soft == resource.RLIM_INFINITY else format_bytes(soft)
+        except (ImportError, OSError, ValueError):
+            limit = "unknown"
+        raise SharedMemoryError(
+            f"could not map {format_bytes(size)} of shared memory into this process ({exc.strerror}): its "
+            f"address space is full or limited (ulimit -v: {limit}). Raise the limit (ulimit -v unlimited, or "
+            "the cluster's memory request), or make the ring smaller: lower prefetch_factor, batch_size or "
+            "num_workers, or set max_shm_bytes.") from None
 
 
 def reserve(fd: int, size: int) -> None:
@@ -100,18 +130,31 @@ class Segment:
     def __init__(self, segment_id: int, size: int, pinner: Pinner | None = None):
         self.id = segment_id
         self.size = size
-        self.fd = _create_anonymous(size)
+        self.fd = -1
         self._pinned: PinnedRegion | None = None
+        # From shm_open to the last attribute set, a Ctrl-C would leave a name in /dev/shm
+        # or a descriptor no object owns: it waits (NOTE [ Ctrl-C waits for a window ]).
         try:
-            self.mmap = mmap.mmap(self.fd, size, flags=MAP_FLAGS)
-            if pinner is not None:
+            with sigint_deferred():
+                fd = _create_anonymous(size)
                 try:
-                    self._pinned = PinnedRegion(self.mmap, pinner)
+                    self.mmap = _map(fd, size)
+                    if pinner is not None:
+                        try:
+                            self._pinned = PinnedRegion(self.mmap, pinner)
+                        except BaseException:
+                            self.mmap.close()
+                            raise
                 except BaseException:
-                    self.mmap.close()
+                    os.close(fd)
                     raise
-        except BaseException:
-            os.close(self.fd)
+                self.fd = fd
+                # a segment dropped without close() (a Ctrl-C between its creation and its
+                # owner's bookkeeping) still gives its descriptor back
+                self._fd_closer = weakref.finalize(self, os.close, fd)
+        except KeyboardInterrupt:  # delivered as the window closed: the segment is whole
+            if self.fd >= 0:
+                self.close()
             raise
 
     @property
@@ -129,8 +172,8 @@ class Segment:
         """Give up the main process's own hold. Views the user still holds keep the memory
         valid (an mmap with live exports cannot be closed, and need not be)."""
         if self.fd >= 0:
-            os.close(self.fd)
             self.fd = -1
+            self._fd_closer()
         if self._pinned is not None:
             # NOTE [ Unregister before unmap ] (pinning.py): the region unregisters and
             # unmaps once this and the last window over it are gone

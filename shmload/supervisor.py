@@ -9,7 +9,9 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 from __future__ import annotations
 
 import io
+import errno
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import selectors
 import signal
@@ -29,7 +31,7 @@ TERM_TIMEOUT = 1.0
 
 
 class WorkerHandle:
-    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events")
+    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events", "reaped", "death_fd")
 
     def __init__(self, wid: int, process: Any, channel: Channel):
         self.id = wid
@@ -40,6 +42,13 @@ class WorkerHandle:
         self.exited = False
         self.exitcode: int | None = None
         self.events = 0  # what the selector waits for on the channel (0: not registered)
+        self.reaped = False  # joined and its Process closed, by shutdown()
+        self.death_fd = -1  # readable once the process has exited (_platform.death_watch)
+
+    def forget_death_fd(self) -> None:
+        if self.death_fd >= 0 and self.death_fd != self.process.sentinel:
+            os.close(self.death_fd)  # a pidfd of our own (the sentinel is multiprocessing's)
+        self.death_fd = -1
 
     def exit_description(self) -> str:
         code = self.exitcode if self.exitcode is not None else self.process.exitcode
@@ -141,14 +150,28 @@ class Supervisor:
         payload = user if method == "fork" else _PerWorker(user, method)
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
+        if method == "forkserver":
+            # started outside the window below, or the server (shared with the user's own
+            # processes) would keep SIGINT blocked for good
+            multiprocessing.forkserver.ensure_running()
         try:
             for wid in range(num_workers):
-                self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
+                # a started process is in the list before a Ctrl-C can land (NOTE [ Ctrl-C waits for a window ])
+                with _platform.start_window():
+                    self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
         except BaseException:
             self.shutdown()
             raise
 
     def _start(self, wid: int, args: WorkerArgs) -> WorkerHandle:
+        try:
+            return self._start_process(wid, args)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise _platform.too_many_files(exc) from None
+            raise
+
+    def _start_process(self, wid: int, args: WorkerArgs) -> WorkerHandle:
         ours, theirs = socket.socketpair()
         theirs_conn = connection.Connection(theirs.detach())
         _platform.register_parent_only(ours.fileno())
@@ -162,9 +185,11 @@ class Supervisor:
             raise
         finally:
             theirs_conn.close()  # only the worker may hold its end, or EOF would never come
+        _platform.register_parent_only_process(process)
         handle = WorkerHandle(wid, process, Channel(ours))
         self._watch(handle, selectors.EVENT_READ)
-        self._selector.register(process.sentinel, selectors.EVENT_READ, handle)
+        handle.death_fd = _platform.death_watch(process)
+        self._selector.register(handle.death_fd, selectors.EVENT_READ, handle)
         return handle
 
     def _watch(self, h: WorkerHandle, events: int) -> None:
@@ -210,10 +235,12 @@ class Supervisor:
         if not old.exited:
             self._retire(old)
         self._close_channel(old)
-        old.process.join(JOIN_TIMEOUT)  # its sentinel fired: this only reaps it, so no zombie stays
+        old.process.join(JOIN_TIMEOUT)  # it has exited (death_fd): this only reaps it, so no zombie stays
         old.exitcode = old.process.exitcode
+        old.forget_death_fd()
         old.process.close()
-        self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
+        with _platform.start_window():  # NOTE [ Ctrl-C waits for a window ] (_platform.py)
+            self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
 
     def _close_channel(self, h: WorkerHandle) -> None:
@@ -231,11 +258,13 @@ class Supervisor:
         A dead worker's last messages are read before its death is reported."""
         self.flush()
         frames, dead = [], []
-        for key, mask in self._selector.select(timeout):
+        with _platform.interruptible():  # the one wait of next(): nothing is half done here
+            ready = self._selector.select(timeout)
+        for key, mask in ready:
             h = key.data
             if h.exited:
                 continue
-            if key.fd == h.process.sentinel:
+            if key.fd == h.death_fd:
                 frames.extend((h.id, f) for f in h.channel.receive())
                 self._retire(h)
                 dead.append(h)
@@ -245,7 +274,7 @@ class Supervisor:
             if mask & selectors.EVENT_READ:
                 frames.extend((h.id, f) for f in h.channel.receive())
             if h.channel.eof:
-                self._watch(h, 0)  # closed: wait for the sentinel, which follows at once
+                self._watch(h, 0)  # closed: wait for the death, which follows at once
             else:
                 self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
         return frames, dead
@@ -255,34 +284,55 @@ class Supervisor:
         h.exited = True
         self._watch(h, 0)
         try:
-            self._selector.unregister(h.process.sentinel)
+            self._selector.unregister(h.death_fd)
         except (KeyError, ValueError):
             pass
 
     # ------------------------------------------------------------ stopping
     def shutdown(self) -> None:
+        """Stop every worker. Idempotent, so that a shutdown interrupted by a Ctrl-C is
+        finished by the next call (session.py, NOTE [ A close() that did not finish ])."""
         for h in self.workers:
             if h.channel is None:
                 continue
-            h.channel.send(Shutdown())
-            if not h.exited:
-                self._retire(h)
-            self._close_channel(h)
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        for h in self.workers:
-            h.process.join(max(0.0, deadline - time.monotonic()))
+            try:
+                h.channel.send(Shutdown())
+            finally:
+                if not h.exited:
+                    self._retire(h)
+                self._close_channel(h)
+        self._reap(JOIN_TIMEOUT)
         for escalate in ("terminate", "kill"):
-            stuck = [h for h in self.workers if h.process.is_alive()]
+            stuck = [h for h in self.workers if not h.reaped]
+            if not stuck:
+                break
             for h in stuck:
                 getattr(h.process, escalate)()
-            deadline = time.monotonic() + TERM_TIMEOUT
-            for h in stuck:
-                h.process.join(max(0.0, deadline - time.monotonic()))
-        for h in self.workers:
-            if h.process.exitcode is not None and h.exitcode is None:
-                h.exitcode = h.process.exitcode
-                h.process.close()
+            self._reap(TERM_TIMEOUT)
         self._selector.close()
+
+    def _reap(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.
+        The wait is open to a Ctrl-C; reaping is not: a KeyboardInterrupt between waitpid()
+        and multiprocessing's note of it would leave a process that multiprocessing
+        believes alive for ever (NOTE [ Ctrl-C waits for a window ], _platform.py)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [h for h in self.workers if not h.reaped]
+            for h in running:
+                with _platform.sigint_deferred():
+                    code = h.process.exitcode  # waitpid(WNOHANG)
+                    if code is not None:
+                        if h.exitcode is None:
+                            h.exitcode = code
+                        h.reaped = True
+                        h.forget_death_fd()
+                        h.process.close()
+            running = [h for h in running if not h.reaped]
+            left = deadline - time.monotonic()
+            if not running or left <= 0:
+                return
+            connection.wait([h.death_fd for h in running], left)
 
     @property
     def pids(self) -> list[int]:

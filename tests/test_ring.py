@@ -111,3 +111,11 @@ def test_release_after_close_is_ignored():
     ring.close()
     ring.release(slot)  # a batch the user dropped after the loader closed: no error, no reuse
     assert slot.ring is None and ring.take() is None and ring.num_slots == 0
+
+
+def test_filling_to_the_target_takes_a_logarithmic_number_of_segments():
+    ring, made = make_ring(min_slots=514)
+    ring.grow_capacity(PAGE, count=1)  # the first batch's sizing: one slot
+    while ring.num_slots < ring.min_slots:
+        ring.add_slots()
+    assert ring.num_slots == 514 and len(ring.segments()) <= 11
