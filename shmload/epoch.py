@@ -61,7 +61,7 @@ class _Epoch:
         if self._yielded == self.reported_len + 1:
             workers = self._cfg.num_workers
             warnings.warn(
-                f"Length of IterableDataset {self._cfg.dataset} was reported to be {self.reported_len} (when "
+                f"Length of IterableDataset {self._cfg.dataset} was reported to be {self.reported_len}(when "
                 f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
                 + ("For multiprocessing data-loading, this could be caused by not properly configuring the "
                    "IterableDataset replica at each worker (shard it by shmload.get_worker_info() or "

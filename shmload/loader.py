@@ -260,7 +260,7 @@ class DataLoader:
         self._shuffle = bool(shuffle)
         self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
         self._shard: tuple[int, int] | None = None  # (world size, rank) the own sampler shards by
-        self._reported_len: int | None = None  # len(loader) of an iterable source, once asked (as torch)
+        self._reported_len: int | None = None  # len(dataset) of an iterable source, once len(loader) was asked
         self._notes: set[str] = set()  # messages given once already (sharding, saving without state)
         self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
@@ -484,7 +484,9 @@ class DataLoader:
     def __len__(self) -> int:
         n = self._count()
         if self._iterable:
-            self._reported_len = n  # you were told: an epoch yielding more warns, as torch's does
+            # you were told: an epoch yielding more warns, as torch's does, with torch's figures
+            # (it compares the batches yielded with len(dataset), and calls them samples)
+            self._reported_len = len(self._source)
         return n
 
     def _count(self) -> int:

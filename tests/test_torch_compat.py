@@ -39,14 +39,15 @@ def test_more_workers_than_cores_is_torchs_warning_once_per_loader(monkeypatch):
 
 
 def test_a_stream_longer_than_its_len_is_torchs_warning_once_len_was_asked():
+    """torch's figures, quirk included: the batches yielded against len(dataset)."""
     class Lying(WorkerStreams):
         def __len__(self):
-            return 4
+            return 2
 
     loader = DataLoader(Lying([6]), batch_size=2)
     assert len(list(loader)) == 3  # len() not asked: nothing said
-    assert len(loader) == 2
-    with pytest.warns(UserWarning, match=r"Length of IterableDataset .* was reported to be 2 \(when accessing "
+    assert len(loader) == 1
+    with pytest.warns(UserWarning, match=r"Length of IterableDataset .* was reported to be 2\(when accessing "
                                          r"len\(dataloader\)\), but 3 samples have been fetched"):
         assert len(list(loader)) == 3
 
@@ -87,3 +88,35 @@ def test_torch_gives_the_same_warnings_in_the_same_words(monkeypatch):
     ours = messages(lambda: DataLoader(RangeDataset(4), batch_size=2, pin_memory=True))
     theirs = messages(lambda: torch.utils.data.DataLoader(np.arange(4), batch_size=2, pin_memory=True))
     assert ours == theirs and ours
+
+
+class _SameInEveryWorker:
+    """An IterableDataset not sharded by worker: each of 2 workers yields 0..4 (torch's
+    warning case)."""
+
+    def __iter__(self):
+        return iter(range(5))
+
+    def __len__(self):
+        return 5
+
+
+@pytest.mark.torch
+@needs_torch
+def test_the_length_warning_has_torchs_figures_side_by_side():
+    import torch
+
+    class Source(_SameInEveryWorker, torch.utils.data.IterableDataset):
+        def __repr__(self):
+            return "Source()"
+
+    def warned(make):
+        loader = make(Source())
+        len(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(loader)
+        return [str(w.message).split(" For multiprocessing")[0] for w in caught if "Length of" in str(w.message)]
+    ours = warned(lambda ds: DataLoader(ds, batch_size=2, num_workers=2, timeout=30))
+    theirs = warned(lambda ds: torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))
+    assert ours == theirs and ours[0].startswith("Length of IterableDataset Source() was reported to be 5(when")
