@@ -7,6 +7,7 @@ works everywhere.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import mmap
 import multiprocessing
@@ -97,6 +98,10 @@ def resolve_context(value) -> multiprocessing.context.BaseContext:
 # the handler here; it is used, in start_window(), only so that a worker started inside
 # the window inherits a blocked SIGINT (see start_window()).
 _MAIN_THREAD = threading.main_thread().ident
+# signal.getsignal() converts its result to an enum member, which costs microseconds in
+# next()'s path; the C function it wraps returns the handler itself.
+_getsignal = getattr(_signal, "getsignal", signal.getsignal)
+_SIGINT = int(signal.SIGINT)
 
 
 class _Gate:
@@ -118,7 +123,7 @@ def defer_sigint() -> bool:
     if threading.get_ident() != _MAIN_THREAD:
         return False
     if _Gate.depth == 0:
-        current = signal.getsignal(signal.SIGINT)
+        current = _getsignal(_SIGINT)
         if current is not _gate_handler:
             if not callable(current):
                 return False
@@ -145,22 +150,28 @@ def sigint_pending() -> bool:
     return _Gate.pending is not None
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Inside a window, a blocking wait with nothing half done: a Ctrl-C (one that came
-    earlier included) interrupts it."""
-    depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD else 0
-    if not depth:
-        yield
-        return
-    _Gate.depth = 0
-    try:
-        if _Gate.pending is not None:
-            frame, _Gate.pending = _Gate.pending, None
-            _Gate.wrapped(signal.SIGINT, frame)
-        yield
-    finally:
-        _Gate.depth = depth
+class interruptible:
+    """``with interruptible():`` inside a window, a blocking wait with nothing half done:
+    a Ctrl-C (one that came earlier included) interrupts it. (A class, not a generator:
+    it is in next()'s path.)"""
+
+    __slots__ = ("_depth",)
+
+    def __enter__(self) -> None:
+        self._depth = depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD else 0
+        if depth:
+            _Gate.depth = 0
+            if _Gate.pending is not None:
+                frame, _Gate.pending = _Gate.pending, None
+                try:
+                    _Gate.wrapped(signal.SIGINT, frame)
+                except BaseException:
+                    _Gate.depth = depth  # __exit__ does not run when __enter__ raises
+                    raise
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._depth:
+            _Gate.depth = self._depth
 
 
 @contextlib.contextmanager

@@ -313,6 +313,9 @@ import os, signal, sys, threading, time
 sys.path.insert(0, {root!r})
 from shmload import DataLoader
 from tests.helpers import RangeDataset
+if {method!r} == "forkserver":  # (multiprocessing's server, shared with the whole program: see reliability.md)
+    import multiprocessing.forkserver
+    multiprocessing.forkserver.ensure_running()
 loader = DataLoader(RangeDataset(64), batch_size=4, num_workers=2, multiprocessing_context={method!r}, timeout=60)
 # Ctrl-C in a terminal reaches the whole process group: the workers too, while they start
 threading.Timer({delay}, os.killpg, (os.getpgid(0), signal.SIGINT)).start()
