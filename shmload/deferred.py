@@ -26,6 +26,7 @@ can gather a whole batch at once (``ArrayDataset`` fills its rows with one ``np.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -66,10 +67,35 @@ class Batched:
     def __len__(self) -> int:
         return self.size
 
+    def array_shapes(self) -> Iterator[tuple[str, tuple]]:
+        """``(field, shape)`` of each array leaf of ``batch`` (numpy arrays and scalars,
+        tensors, :class:`DeferredArray`: what has a ``shape``), the field named as in a
+        ``CollateError`` (``batch['image']``, ``batch[0]``). Each must have ``size`` rows,
+        which the loader checks (``fetch.py``) before placing the batch."""
+        return _shapes(self.batch, "batch")
+
     def samples(self) -> list:
         """The batch as a list of ``size`` samples (arrays materialized)."""
         full = _map(self.batch, np.asarray)
         return [_map(full, lambda a: a[i]) for i in range(self.size)]
+
+
+def _shapes(node: Any, path: str) -> Iterator[tuple[str, tuple]]:
+    if isinstance(node, tuple) and hasattr(type(node), "_fields"):
+        for field, value in zip(type(node)._fields, node):
+            yield from _shapes(value, f"{path}.{field}")
+    elif isinstance(node, (tuple, list)):
+        for i, value in enumerate(node):
+            yield from _shapes(value, f"{path}[{i}]")
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _shapes(value, f"{path}[{key!r}]")
+    elif not isinstance(node, (str, bytes)):  # numpy's str_ and bytes_ have a shape, but are objects
+        try:
+            shape = tuple(int(n) for n in node.shape)
+        except (AttributeError, TypeError, ValueError):  # no shape: an object leaf, placed as it is
+            return
+        yield path, shape
 
 
 def _map(node: Any, fn: Any) -> Any:

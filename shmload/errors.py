@@ -7,13 +7,19 @@ derives from that builtin: torch raises ``RuntimeError`` for worker failures and
 time-outs, so :class:`WorkerError` and :class:`LoaderTimeoutError` are
 ``RuntimeError`` too.
 
+A shortage of shared memory is a :class:`SharedMemoryError` (a ``MemoryError``), whatever
+its kind: /dev/shm too small to reserve a segment, or the ring at its bound
+(:class:`RingFullError`).
+
 Each message says whose fault it was and what to do about it.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
-from typing import NamedTuple
+import traceback
+from typing import Any, NamedTuple
 
 
 def format_bytes(n: float) -> str:
@@ -50,11 +56,16 @@ class CollateError(ShmloadError, ValueError):
 
 
 class SharedMemoryError(ShmloadError, MemoryError):
-    """Shared memory could not be created or reserved (for example /dev/shm is too small)."""
+    """Not enough shared memory: it could not be created or reserved (for example
+    /dev/shm is too small), or the ring reached its bound (:class:`RingFullError`).
+    ``except shmload.SharedMemoryError`` catches every shortage, whatever its kind."""
 
 
-class RingFullError(ShmloadError):
-    """The consumer holds more batches than the ring's memory bound allows."""
+class RingFullError(SharedMemoryError):
+    """The consumer holds more batches than the ring's memory bound allows, or a batch
+    needs larger slots than fit under it. The bound is ``max_shm_bytes``, by default the
+    free space of /dev/shm: a shortage of shared memory like any other, so a
+    :class:`SharedMemoryError` (and, as before, a :class:`ShmloadError`)."""
 
 
 class WorkerError(ShmloadError, RuntimeError):
@@ -83,6 +94,16 @@ class RemoteError(NamedTuple):
 
     The exception object itself may not pickle (or unpickle), so only its type is sent
     by reference, with the message and the formatted traceback as text.
+
+    NOTE [ Capturing a worker's exception ]. :meth:`capture` runs in the worker's error
+    path, where nothing may raise: an exception escaping it kills the worker, and the
+    user gets a ``WorkerDiedError`` (with advice about memory) and a dead iterator for
+    what was a bug in an exception's ``__str__``. So each step that runs the exception's
+    own code is guarded and falls back to what can still be said: ``str(exc)`` (a
+    ``__str__`` may raise, or return a ``str`` subclass that does not pickle), its
+    ``repr()``, formatting the traceback (a ``__notes__`` property may raise) and
+    pickling the type (a local class cannot be). :meth:`rebuild` takes the same care in
+    the main process, where the report must be what the rebuilt exception prints.
     """
 
     type_name: str
@@ -91,19 +112,27 @@ class RemoteError(NamedTuple):
     traceback: str
 
     @classmethod
-    def capture(cls, exc: BaseException, traceback_text: str) -> RemoteError:
+    def capture(cls, exc: BaseException, traceback_text: str | None = None) -> RemoteError:
+        """``exc`` as plain text and a type reference. ``traceback_text`` (else formatted
+        here, guarded) is the worker's traceback of it."""
         try:
             type_pickle = pickle.dumps(type(exc))
         except Exception:  # a local class, for example: rebuilt as WorkerError below
             type_pickle = None
-        return cls(type(exc).__qualname__, type_pickle, str(exc), traceback_text)
+        name = _plain(lambda: type(exc).__qualname__, "<an exception type without a name>")
+        message = _message(exc)
+        if traceback_text is None:
+            traceback_text = _traceback_text(exc, name, message)
+        return cls(name, type_pickle, message, _plain(lambda: traceback_text, "(no traceback)\n"))
 
     def rebuild(self, where: str) -> BaseException:
         """The exception to raise in the main process.
 
-        Same type as in the worker where its constructor takes one message argument;
-        otherwise a :class:`WorkerError` naming the original type. ``where`` says which
-        worker and which batch, and the worker's full traceback follows.
+        Same type as in the worker where its constructor takes one message argument
+        (a subclass of it that prints the report where the type itself would not, see
+        :func:`_printing`); otherwise a :class:`WorkerError` naming the original type.
+        ``where`` says which worker and which batch, and the worker's full traceback
+        follows.
         """
         text = f"Caught {self.type_name} {where}.\nOriginal {self.traceback}"
         exc_type = None
@@ -112,27 +141,95 @@ class RemoteError(NamedTuple):
                 exc_type = pickle.loads(self.type_pickle)
             except Exception:
                 exc_type = None
-        if exc_type is KeyError:
-            # KeyError's str() is the repr of its argument, which would print the
-            # traceback as one long line of escaped newlines.
-            exc_type = _KeyErrorWithMessage
         if isinstance(exc_type, type) and issubclass(exc_type, StopIteration):
             exc_type = None  # raised from next(), it would silently end the caller's for-loop
         if isinstance(exc_type, type) and issubclass(exc_type, BaseException):
             try:
-                return exc_type(text)
+                exc = exc_type(text)
             except Exception:
-                pass
+                exc = None
+            if isinstance(exc, BaseException):
+                return _printing(exc, text)
         return WorkerError(text)
 
 
-class _KeyErrorWithMessage(KeyError):
-    """A KeyError whose str() is its message as written, so tracebacks stay readable."""
+def _plain(make: Any, fallback: str) -> str:
+    """``make()`` as a plain ``str`` (a subclass may not pickle), or ``fallback`` if it
+    raises or is no str."""
+    try:
+        return str.__str__(make())
+    except Exception:
+        return fallback
 
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
-    __qualname__ = "KeyError"
+def _failure(exc: BaseException) -> str:
+    """``Type: message`` of an exception raised while describing another, never raising."""
+    name = _plain(lambda: type(exc).__qualname__, "an exception")
+    text = _plain(lambda: str(exc), "")
+    return f"{name}: {text}" if text else name
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``; if that raises, says so as the traceback module does, with the repr."""
+    try:
+        return str.__str__(str(exc))
+    except Exception as failure:
+        why = _failure(failure)
+    shown = _plain(lambda: f"its repr: {repr(exc)}", "repr() failed too")
+    return f"<exception str() failed: {why}; {shown}>"
+
+
+def _traceback_text(exc: BaseException, name: str, message: str) -> str:
+    """The traceback as ``traceback.format_exc()`` would print it; if formatting raises,
+    the frames alone with the captured name and message."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception as failure:
+        frames = _plain(lambda: "".join(traceback.format_tb(exc.__traceback__)), "")
+        return (f"Traceback (most recent call last):\n{frames}{name}: {message}\n"
+                f"(the full traceback could not be formatted: {_failure(failure)})\n")
+
+
+def _printing(exc: BaseException, text: str) -> BaseException:
+    """``exc`` if its ``str()`` is ``text`` (the worker's report) and its ``repr()`` works;
+    else the same built as a subclass of its type that prints ``text`` (a KeyError's
+    ``str()`` is the repr of its argument, a user's ``__str__`` may raise or print
+    something else): still caught by ``except ThatType``; a WorkerError if neither can."""
+    if _prints(exc, text):
+        return exc
+    printing = _printing_type(type(exc))
+    if printing is not None:
+        try:
+            rebuilt = printing(text)
+        except Exception:
+            rebuilt = None
+        if rebuilt is not None and _prints(rebuilt, text):
+            return rebuilt
+    return WorkerError(text)
+
+
+def _prints(exc: BaseException, text: str) -> bool:
+    try:
+        repr(exc)
+        return str(exc) == text
+    except Exception:
+        return False
+
+
+def _report(self: BaseException) -> str:
+    return str(self.args[0]) if self.args else ""
+
+
+@functools.lru_cache(maxsize=64)
+def _printing_type(exc_type: type) -> type | None:
+    """A subclass of ``exc_type`` whose ``str()`` is its message as written and whose
+    ``repr()`` is BaseException's; named as ``exc_type``, so a traceback shows that name."""
+    try:
+        return type(exc_type.__name__, (exc_type,), {
+            "__str__": _report, "__repr__": BaseException.__repr__, "__module__": exc_type.__module__,
+            "__qualname__": exc_type.__qualname__, "__doc__": exc_type.__doc__})
+    except Exception:  # a type that cannot be subclassed
+        return None
 
 
 class ShmloadWarning(UserWarning):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .deferred import Batched
 from .errors import ShmloadError, format_indices
 
 
@@ -48,13 +49,24 @@ def check_indices(dataset: Any, indices: Sequence[Any]) -> None:
 
 
 def _check_getitems(dataset: Any, indices: Sequence[int], samples: Any) -> None:
+    """One sample per index, and for a :class:`Batched`, one row per index in each array:
+    the loader places a Batched's arrays as they are, so an extra row would be delivered
+    as a batch of the wrong length."""
     try:
         n = len(samples)
     except TypeError:
         n = None
     if n != len(indices):
         got = f"{n} samples" if n is not None else f"a {type(samples).__name__} without a length"
-        raise ShmloadError(
-            f"{type(dataset).__name__}.__getitems__({list(indices)!r}) returned {got}, "
-            f"expected a sequence of {len(indices)} samples (one per index)"
-        )
+        raise _getitems_error(dataset, indices, got, f"a sequence of {len(indices)} samples")
+    if type(samples) is Batched:
+        for field, shape in samples.array_shapes():
+            if not shape or shape[0] != n:
+                rows = f"{shape[0]} rows" if shape else "no rows"
+                raise _getitems_error(dataset, indices, f"a Batched of {n} samples whose {field} has {rows} "
+                                      f"(shape {shape})", f"{len(indices)} rows")
+
+
+def _getitems_error(dataset: Any, indices: Sequence[int], got: str, expected: str) -> ShmloadError:
+    return ShmloadError(f"{type(dataset).__name__}.__getitems__({format_indices(list(indices))}) returned {got}, "
+                        f"expected {expected} (one per index)")

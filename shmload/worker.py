@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from collections import deque
-import traceback
 from multiprocessing import reduction
 from typing import Any, Callable, NamedTuple
 
@@ -174,7 +173,7 @@ class _WorkerLoop:
             if is_iterable_source(self.user.dataset):
                 self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
         except Exception as exc:
-            self.send(StartupFailed(a.worker_id, RemoteError.capture(exc, traceback.format_exc())))
+            self.send(StartupFailed(a.worker_id, RemoteError.capture(exc)))
             return False
         self.send(Ready(a.worker_id, os.getpid()))
         return True
@@ -429,7 +428,7 @@ class _WorkerLoop:
         return data
 
     def fail(self, iteration: int, seq: int, exc: BaseException, stream: StreamPoint | None = None) -> None:
-        error = RemoteError.capture(exc, traceback.format_exc())
+        error = RemoteError.capture(exc)
         self.record()
         self.send(Failed(iteration, seq, error, stream))
 
