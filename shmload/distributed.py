@@ -9,7 +9,8 @@ multiple of the world size), and rank ``r`` takes every ``num_replicas``-th inde
 position ``r``. Every rank therefore gets the same number of samples, which DDP needs:
 a rank with one batch fewer would wait forever in the others' all-reduce.
 
-The permutation is shmload's own (``seeding.permutation``), fixed by the sampler's
+The permutation is shmload's own (``sampler.shuffled``, computed a batch at a time and
+split by ``sharding.share``), fixed by the sampler's
 ``seed`` and epoch: the same on every rank (the shards are disjoint only if all ranks
 shuffle alike), whatever seed each rank's loader has.
 """
@@ -22,9 +23,9 @@ from typing import Any, Iterator, Sized
 
 import numpy as np
 
-from . import seeding, sharding
+from . import sharding
 from ._checks import check_int
-from .sampler import check_state
+from .sampler import Order, OrderLike, as_indices, check_state, shuffled
 
 
 def world() -> tuple[int, int, str]:
@@ -118,20 +119,18 @@ class DistributedSampler:
         check_int("epoch", epoch, 0)
         self.epoch = int(epoch)
 
-    def _order(self) -> np.ndarray:
+    def _order(self) -> OrderLike:
         n = len(self.data_source)
         if n == 0:
             self.epoch += 1
             return np.arange(0)  # nothing to share, as torch's
-        order = seeding.permutation(self.seed, self.epoch, n) if self.shuffle else np.arange(n)
+        # computed a batch at a time (sampler.py, NOTE [ Orders are computed a slice at a time ])
+        order = shuffled(self.seed, self.epoch, n) if self.shuffle else Order(n)
         self.epoch += 1
-        total = self.total_size
-        if total > n:  # pad with the head, repeated as often as needed (a tiny dataset, many ranks)
-            order = np.resize(order, total)
-        return order[self.rank:total:self.num_replicas]
+        return sharding.share(order, self.total_size, self.rank, self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._order().tolist())
+        return as_indices(self._order())
 
     def __len__(self) -> int:
         return self.num_samples

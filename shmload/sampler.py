@@ -10,18 +10,126 @@ resume needs, see ``resume.py``): the state *between* epochs, which fixes the or
 the next ``iter()``. It is small and JSON-serializable, and records ``len(data_source)``
 so that loading it over a dataset of another size fails instead of resuming a
 different order.
+
+An epoch's order is computed a slice at a time (NOTE [ Orders are computed a slice at a
+time ]): a dataset of 2**40 samples, or an "endless" one whose ``len()`` is
+``sys.maxsize``, costs no memory beyond its batches.
 """
 
 from __future__ import annotations
 
 import itertools
+import numbers
 import types
-from typing import Any, Iterator, Sized
+from typing import Any, Callable, Iterator, Sized, Union
 
 import numpy as np
 
 from . import seeding
 from ._checks import check_int
+
+
+# NOTE [ Orders are computed a slice at a time ]
+# An epoch's order (a sampler's ``_order()``) is what BatchSampler slices into batches and
+# sharding.share() into a rank's share. Built whole, it is 8 bytes a sample before the
+# first batch: 8 TiB (a MemoryError) for 2**40 samples, and numpy's arange(sys.maxsize)
+# is even empty, so an "endless" dataset (``len() == sys.maxsize``) gave no batch at all
+# while len(loader) said 2**61. So an order is an ``Order``, which computes only the
+# positions asked for, or, only where the table exists anyway, an array: the exact
+# shuffle up to seeding.EXACT_SHUFFLE_LIMIT (shuffled()), a PartShuffleSampler's order.
+# Consumers use what both have: len(), slicing, ``.tolist()`` of a slice (a batch), and
+# as_indices() for a walk; never the whole order at once.
+_CHUNK = 4096  # indices computed at a time by as_indices()
+
+
+class Order:
+    """An epoch's order over ``range(n)``, computed when a slice of it is asked for:
+    position ``p`` (of ``length``) holds ``index((start + step * p) % n)``, where
+    ``index`` is a bijection of ``range(n)`` evaluated on an array of positions (a
+    :class:`seeding.RangeShuffle`), or None: the identity, ``0, 1, ..., n - 1``.
+
+    Like an index array: ``len()``, slicing (another Order, no work), ``order[i]``,
+    ``tolist()`` and ``numpy.asarray()`` (which compute it: slice first)."""
+
+    def __init__(self, n: int, index: Callable[[np.ndarray], np.ndarray] | None = None,
+                 start: int = 0, step: int = 1, length: int | None = None):
+        self.n, self.index = int(n), index
+        self.start, self.step = start, step
+        self.length = self.n if length is None else length
+
+    def strided(self, start: int, step: int, length: int) -> Order:
+        """``length`` positions from ``start`` by ``step`` of this whole order repeated end
+        to end (the padding of ``numpy.resize``; for sharding.share)."""
+        if (self.start, self.step, self.length) != (0, 1, self.n):
+            raise ValueError("Order.strided() takes a whole order, not a slice of one")
+        return Order(self.n, self.index, start, step, length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, key: slice | int) -> Order | int:
+        if isinstance(key, slice):
+            r = range(self.length)[key]
+            return Order(self.n, self.index, self.start + self.step * r.start, self.step * r.step, len(r))
+        if isinstance(key, numbers.Integral):
+            p = range(self.length)[key]  # IndexError past the end, as an array's
+            return Order(self.n, self.index, self.start + self.step * p, 1, 1).tolist()[0]
+        raise TypeError(f"an Order takes a slice or an integer, not {type(key).__name__}")
+
+    def __iter__(self) -> Iterator[int]:
+        return as_indices(self)
+
+    def tolist(self) -> list[int]:
+        positions = self._in_range()
+        if positions is not None and self.index is None:
+            return list(positions)  # a sequential batch: no numpy needed
+        return self._values().tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self._values()
+        return values if dtype is None else values.astype(dtype)
+
+    def _values(self) -> np.ndarray:
+        positions = self._positions()
+        return positions if self.index is None else self.index(positions)
+
+    def _in_range(self) -> range | None:
+        """The positions as a range, if none of them is past the end (no wrapping)."""
+        k, first, n = self.length, self.start, self.n
+        step = self.step if k > 1 else 1
+        last = first + step * (k - 1)
+        return range(first, last + step, step) if not k or (0 <= first < n and 0 <= last < n) else None
+
+    def _positions(self) -> np.ndarray:
+        k, in_range = self.length, self._in_range()
+        steps = np.arange(k, dtype=np.int64)
+        if len(steps) != k:  # numpy's arange gives [] for lengths near 2**63
+            raise MemoryError(f"an order of {k} indices does not fit in memory: take it a slice at a time")
+        if in_range is not None:  # then |step| * (k - 1) < n: int64 arithmetic cannot overflow
+            return in_range.start + in_range.step * steps
+        return ((self.start + self.step * steps.astype(object)) % self.n).astype(np.int64)  # wraps to the start
+
+    def __repr__(self) -> str:
+        return (f"Order(n={self.n}, {'shuffled' if self.index is not None else 'sequential'}, start={self.start}, "
+                f"step={self.step}, length={self.length})")
+
+
+OrderLike = Union[np.ndarray, Order]  # what _order() returns (NOTE [ Orders are computed a slice at a time ])
+
+
+def shuffled(seed: int, epoch: int, n: int) -> OrderLike:
+    """The shuffled order of ``range(n)`` for this epoch: the exact permutation
+    (``seeding.permutation``) up to ``seeding.EXACT_SHUFFLE_LIMIT`` samples, a keyed
+    bijection computed a slice at a time above (NOTE [ Shuffling a huge range ])."""
+    if n <= seeding.EXACT_SHUFFLE_LIMIT:
+        return seeding.permutation(seed, epoch, n)
+    return Order(n, seeding.RangeShuffle(seed, epoch, n))
+
+
+def as_indices(order: OrderLike) -> Iterator[int]:
+    """The indices of an order as Python ints, computed ``_CHUNK`` at a time."""
+    for start in range(0, len(order), _CHUNK):
+        yield from order[start:start + _CHUNK].tolist()
 
 
 def check_state(sampler: Any, state: Any, keys: tuple[str, ...]) -> dict:
@@ -48,7 +156,8 @@ class SequentialSampler:
 
     __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
 
-    # ``_order()`` returns the epoch's indices as one array, which BatchSampler slices.
+    # ``_order()`` returns the epoch's order (an Order or an array), which BatchSampler
+    # slices (NOTE [ Orders are computed a slice at a time ]).
     # Looked up in the class's own __dict__: a subclass may change __iter__.
     _array_order = True
 
@@ -67,9 +176,9 @@ class SequentialSampler:
         check_state(self, state, ("length",))
         self.set_epoch(state.get("epoch", 0))  # (states saved before it counted epochs have none)
 
-    def _order(self) -> np.ndarray:
+    def _order(self) -> Order:
         self.epoch += 1
-        return np.arange(len(self.data_source))
+        return Order(len(self.data_source))
 
     def __iter__(self) -> Iterator[int]:
         self.epoch += 1
@@ -100,8 +209,8 @@ class RandomSampler:
         check_int("epoch", epoch, 0)
         self.epoch = int(epoch)
 
-    def _order(self) -> np.ndarray:
-        order = seeding.permutation(self.seed, self.epoch, len(self.data_source))
+    def _order(self) -> OrderLike:
+        order = shuffled(self.seed, self.epoch, len(self.data_source))
         self.epoch += 1
         return order
 
@@ -115,7 +224,7 @@ class RandomSampler:
         self.set_epoch(state["epoch"])
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._order().tolist())
+        return as_indices(self._order())  # (the order is drawn, and the epoch advanced, at iter())
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -144,8 +253,8 @@ class BatchSampler:
         """The batches of one epoch (one ``iter()`` of the sampler), from batch ``first``
         on: a resumed epoch skips the batches delivered before the save."""
         if type(self.sampler).__dict__.get("_array_order"):
-            # our own samplers (not subclasses, whose __iter__ may differ): slice one index
-            # array instead of a Python loop per index
+            # our own samplers (not subclasses, whose __iter__ may differ): slice the epoch's
+            # order instead of a Python loop per index, computing only the batches taken
             indices = self.sampler._order()
             stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
             for start in range(first * self.batch_size, stop, self.batch_size):

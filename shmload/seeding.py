@@ -5,16 +5,19 @@ then depend only on which batch it is, not on which worker happened to load it, 
 same ``seed`` gives bit-identical batches for any ``num_workers``, including 0.
 
 The sampler's order comes from a :class:`numpy.random.SeedSequence` (stream
-``SAMPLER_STREAM``); a batch's global seeds come from a keyed BLAKE2b hash of (seed,
-epoch, position). Both are full-avalanche mixers, so neighbouring batches get unrelated
-seeds and the sampler never shares random numbers with the augmentations. The hash is
-used per batch because it is ~20x cheaper than building a SeedSequence (0.5 against
-11 us), and seeding runs once per batch in the worker's hot path.
+``SAMPLER_STREAM``; for more than ``EXACT_SHUFFLE_LIMIT`` samples it keys a bijection
+computed a batch at a time, see NOTE [ Shuffling a huge range ]); a batch's global
+seeds come from a keyed BLAKE2b hash of (seed, epoch, position). Both are
+full-avalanche mixers, so neighbouring batches get unrelated seeds and the sampler
+never shares random numbers with the augmentations. The hash is used per batch because
+it is ~20x cheaper than building a SeedSequence (0.5 against 11 us), and seeding runs
+once per batch in the worker's hot path.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import secrets
 import sys
@@ -50,6 +53,73 @@ def sequence(seed: int, epoch: int, stream: int, position: int = 0) -> np.random
 def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     """The shuffled order of ``range(n)`` for this epoch."""
     return np.random.default_rng(sequence(seed, epoch, SAMPLER_STREAM)).permutation(n)
+
+
+# NOTE [ Shuffling a huge range ]
+# seeding.permutation() draws an exact uniform permutation, but it is a table of n int64s
+# (8 n bytes, built before the first batch): 8 TiB for 2**40 samples, and an "endless"
+# dataset (len() == sys.maxsize) cannot have one at all. Above EXACT_SHUFFLE_LIMIT
+# samples (sampler.shuffled() decides; at or below it the exact permutation is kept, so
+# every order, saved state and test that worked before is unchanged) the order is
+# instead a keyed bijection of range(n), computed for just the positions asked for (a
+# batch at a time, in memory proportional to the batch): RangeShuffle, a Feistel network
+# on Z_a x Z_c (a = ceil(sqrt(n)), c = ceil(n / a), so a * c >= n), made a bijection of
+# range(n) by cycle-walking. Why it is one:
+# - a position x is split into (L, R) = (x // c, x % c); a round maps (L, R), L in Z_p and
+#   R in Z_q, to (R, (L + F(R)) mod p), which is invertible whatever F is (R is kept,
+#   then L = (new R - F(R)) mod p) and swaps the moduli; after an even number of rounds
+#   they are (a, c) again, and L * c + R is a permutation of range(a * c);
+# - cycle-walking (permute again while the result is >= n) then maps range(n) into
+#   itself one to one: the walk from x follows x's cycle of that permutation, which
+#   returns to x, so it ends, and two positions never reach one index (walking back
+#   from an index is unique). Since a * c - n < a, a walk is needed with probability
+#   below 1 / sqrt(n) (1 in 65,536 at the threshold): about one pass per batch.
+# F is the SplitMix64 finalizer (full avalanche on 64 bits) of R XOR a round key; the
+# FEISTEL_ROUNDS keys come from the sampler's SeedSequence (seed, epoch, SAMPLER_STREAM),
+# so the order is fixed by (seed, epoch) and changes with the epoch, as the exact one.
+# It is a well-mixed pseudo-random order, not a uniform draw from all n! permutations
+# (no table-free scheme is); what a shuffle needs.
+EXACT_SHUFFLE_LIMIT = 2**32  # samples; the exact permutation's table is then at most 32 GiB
+FEISTEL_ROUNDS = 6  # even: the moduli end as they began
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))  # SplitMix64's multipliers
+
+
+class RangeShuffle:
+    """A seeded bijection of ``range(n)``, ``n`` up to ``sys.maxsize``, evaluated at any
+    positions without a table (NOTE [ Shuffling a huge range ])."""
+
+    def __init__(self, seed: int, epoch: int, n: int):
+        self.n = int(n)
+        self.a = math.isqrt(max(self.n - 1, 0)) + 1  # ceil(sqrt(n)): both moduli below 2**32
+        self.c = -(-self.n // self.a)
+        self.keys = sequence(seed, epoch, SAMPLER_STREAM).generate_state(FEISTEL_ROUNDS, np.uint64)
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The indices (int64) at ``positions`` (integers in ``[0, n)``) of the order."""
+        out = np.asarray(positions, dtype=np.uint64)
+        if out.size == 0:
+            return out.astype(np.int64)
+        out = self._network(out)
+        walking = np.flatnonzero(out >= self.n)
+        while walking.size:  # cycle-walking: out of range, so permute again
+            out[walking] = self._network(out[walking])
+            walking = walking[out[walking] >= self.n]
+        return out.astype(np.int64)
+
+    def _network(self, x: np.ndarray) -> np.ndarray:
+        """The Feistel network's permutation of ``range(a * c)``. (Arrays throughout:
+        uint64 arithmetic wraps silently, as the mixing wants; no value here overflows.)"""
+        a, c = np.uint64(self.a), np.uint64(self.c)
+        left, right, p, q = x // c, x % c, a, c  # left in Z_p, right in Z_q
+        for key in self.keys:
+            z = right ^ key
+            z ^= z >> np.uint64(30)
+            z *= _MIX[0]
+            z ^= z >> np.uint64(27)
+            z *= _MIX[1]
+            z ^= z >> np.uint64(31)
+            left, right, p, q = right, (left + z % p) % p, q, p
+        return left * c + right
 
 
 def batch_seed(seed: int, epoch: int, position: int, rank: int = 0) -> int:

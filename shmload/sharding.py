@@ -21,14 +21,22 @@ environment: a script may start under torchrun and still mean each process to re
 The share's order must be the same permutation on every rank, or the shares would
 overlap: it is seeded by the loader's ``seed=`` (or ``generator=``) when one was given,
 else by 0 (torch's ``DistributedSampler`` default), never by a seed drawn per process.
+
+:func:`share` is the partition itself (torch's), on an epoch's order that may be far too
+large to build (NOTE [ Orders are computed a slice at a time ] in sampler.py).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from .errors import ShmloadWarning
+
+if TYPE_CHECKING:
+    from .sampler import OrderLike
 
 
 class DistributedWarning(ShmloadWarning):
@@ -87,3 +95,15 @@ def decide(mode: bool | None, own_sampler: bool, order: Any, world: tuple[int, i
         "shmload.DistributedSampler(dataset) (or torch's) as sampler=, or pass distributed=False if every rank "
         "should read everything"))
 
+
+def share(order: OrderLike, total: int, rank: int, size: int) -> OrderLike:
+    """Rank ``rank``'s share of an epoch's whole ``order`` among ``size`` ranks, as torch's
+    ``DistributedSampler`` partitions: the order padded to ``total`` by repeating its head
+    (or cut to ``total``, with ``drop_last``), then every ``size``-th position from
+    ``rank``. An array gives an array; a ``sampler.Order`` gives an Order, and nothing is
+    computed until its batches are (a share of 2**40 samples costs no memory). Pure."""
+    if isinstance(order, np.ndarray):
+        if total > len(order):  # a tiny dataset, many ranks: the head repeated as often as needed
+            order = np.resize(order, total)
+        return order[rank:total:size]
+    return order.strided(rank, size, len(range(rank, total, size)))
