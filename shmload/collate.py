@@ -16,10 +16,12 @@ from .deferred import Batched
 def default_collate(batch: Sequence[Any]) -> Any:
     """Collate a list of samples into a batch of numpy arrays.
 
-    The batch mirrors the sample's structure (tuple, list, dict, namedtuple). Arrays,
-    numpy scalars and torch tensors of equal shape and dtype are stacked to ``[B, ...]``;
-    Python bool/int/float become a 1-D array of length B (bool, int64, float64); any other
-    leaf (str, bytes, None, objects) becomes a list of length B.
+    The batch has torch's ``default_collate`` structure (layout.py, NOTE [ Batch
+    containers ]): a tuple sample gives a list, a namedtuple, list or mapping its own kind.
+    Arrays, numpy scalars and torch tensors of equal shape are stacked to ``[B, ...]``,
+    numbers of different types promoted as torch promotes them (NOTE [ Mixed numeric
+    types ]); Python bool/int/float become a 1-D array of length B; any other leaf (str,
+    bytes, None, objects) becomes a sequence of length B.
 
     Raises :class:`shmload.CollateError` naming the field and the position when samples
     do not match.
@@ -33,11 +35,11 @@ def make_plan(samples: Any, indices: Any, collate_fn: Callable | None, auto_batc
     ``auto_batch`` is False when ``batch_size=None``: ``samples`` is then one sample.
     """
     if type(samples) is Batched:  # from a __getitems__: collated already (see deferred.py)
-        if collate_fn is None:
-            return _layout.plan_convert(samples.batch, indices)
+        if collate_fn is None:  # (tuples as lists: the batch a __getitem__ path would give)
+            return _layout.plan_convert(samples.batch, indices, tuple_as_list=True)
         samples = samples.samples()
     if collate_fn is not None:
         return _layout.plan_convert(collate_fn(samples), indices if auto_batch else [indices])
     if auto_batch:
         return _layout.plan_stack(samples, indices)
-    return _layout.plan_convert(samples, [indices])
+    return _layout.plan_convert(samples, [indices], tuple_as_list=True)  # torch's default_convert

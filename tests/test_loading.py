@@ -126,7 +126,7 @@ def test_worker_info_and_worker_init_fn():
     assert shmload.get_worker_info() is None
     loader = DataLoader(WorkerInfoDataset(6), batch_size=None, num_workers=2, seed=42)
     infos = list(loader)
-    assert {i[0] for i in infos} <= {0, 1} and all(i[1:] == (2, 42, "WorkerInfoDataset") for i in infos)
+    assert {i[0] for i in infos} <= {0, 1} and all(i[1:] == [2, 42, "WorkerInfoDataset"] for i in infos)  # (a list: torch's default_convert)
     inits = labels(DataLoader(InitRecordingDataset(8), batch_size=2, num_workers=2, worker_init_fn=record_init))
     assert {v for batch in inits for v in batch} <= {0, 1} and -1 not in {v for b in inits for v in b}
 

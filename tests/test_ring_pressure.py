@@ -68,7 +68,7 @@ def test_huge_batches_of_strings_do_not_deadlock_the_sockets():
 def test_zero_size_arrays_come_back_as_arrays():
     for workers in (0, 1):
         batch = next(iter(DataLoader(ZeroSizeDataset(4), batch_size=2, num_workers=workers)))
-        assert isinstance(batch[0], np.ndarray) and batch[0].shape == (2, 0, 4) and batch[1] == ["no boxes"] * 2
+        assert isinstance(batch[0], np.ndarray) and batch[0].shape == (2, 0, 4) and batch[1] == ("no boxes",) * 2
 
 
 def test_a_value_the_main_process_cannot_unpickle_fails_only_its_batch():

@@ -31,7 +31,7 @@ def test_streamed_batch_writes_the_same_bytes_and_layout_as_the_default_path():
     assert plan.layout == reference.layout
     np.testing.assert_array_equal(buf, ref_buf)
     built = L.build(plan.layout, L.slot_destination(buf))
-    assert built["meta"][0] == [f"name{i}" for i in range(5)]
+    assert built["meta"][0] == tuple(f"name{i}" for i in range(5))  # a field of a tuple sample, as torch's
 
 
 def test_streamed_batch_names_the_first_mismatching_sample():
@@ -57,7 +57,7 @@ def test_workers_hold_one_large_sample_at_a_time_and_batches_match_the_default_p
     batches = [(b[0].copy(), b[1].copy(), b[2].copy(), b[3]) for b in loader]
     assert [b[2].tolist() for b in batches] == [list(range(i, i + 8)) for i in range(0, 48, 8)]
     for image, _, index, names in batches:
-        assert (image == index[:, None, None]).all() and names == [f"s{i}" for i in index]
+        assert (image == index[:, None, None]).all() and names == tuple(f"s{i}" for i in index)
     # A worker holds at most one earlier sample while it makes the next, even in the
     # batches sent before the ring was sized (they ask for a slot after their first sample).
     counts = np.concatenate([b[1] for b in batches])
