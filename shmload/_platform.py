@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import ShmloadError
 
@@ -146,10 +146,6 @@ def resume_sigint(entered: bool) -> None:
         _Gate.wrapped(signal.SIGINT, frame)
 
 
-def sigint_pending() -> bool:
-    return _Gate.pending is not None
-
-
 class interruptible:
     """``with interruptible():`` inside a window, a blocking wait with nothing half done:
     a Ctrl-C (one that came earlier included) interrupts it. (A class, not a generator:
@@ -216,15 +212,21 @@ def _reset_gate_after_fork() -> None:
     _Gate.depth, _Gate.pending = 0, None
 
 
-# ---------------------------------------------------------------- descriptors
-def too_many_files(exc: BaseException) -> ShmloadError:
-    """The error for EMFILE/ENFILE: which limit, and what to do."""
+# ---------------------------------------------------------------- resource limits
+def limit_text(name: str, unit: Callable[[int], str] = str) -> str:
+    """The soft and hard limit ``resource.RLIMIT_<name>``, for an error message."""
     try:
         import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        limit = f"{soft} (hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard})"
-    except (ImportError, OSError, ValueError):
-        limit = "unknown"
+        soft, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))
+        show = (lambda v: "unlimited" if v == resource.RLIM_INFINITY else unit(v))
+    except (ImportError, AttributeError, OSError, ValueError):
+        return "unknown"
+    return f"{show(soft)} (hard limit {show(hard)})"
+
+
+def too_many_files(exc: BaseException) -> ShmloadError:
+    """The error for EMFILE/ENFILE: which limit, and what to do."""
+    limit = limit_text("NOFILE")
     return ShmloadError(
         f"this process has run out of file descriptors ({exc}); its limit (ulimit -n) is {limit}. The loader "
         "holds one per shared-memory segment and a few per worker. Raise the limit (ulimit -n 65536, or "

@@ -131,9 +131,10 @@ class SingleProcessEpoch(_Epoch):
         self._lock = threading.Lock()
         # each array of a batch: copied into page-locked memory with pin_memory=True and CUDA
         # (there is no ring to pin: pinning.py), then made a tensor for output="torch"
-        pin, torch_out = (cfg.pinner.copy if cfg.pinner is not None else None), cfg.output == "torch"
-        self._wrap = (lambda a: lifetime.to_torch(pin(a))) if pin and torch_out else \
-            pin or (lifetime.to_torch if torch_out else None)
+        self._wrap: Callable[[Any], Any] | None = lifetime.to_torch if cfg.output == "torch" else None
+        if cfg.pinner is not None:
+            pin, wrap = cfg.pinner.copy, self._wrap
+            self._wrap = pin if wrap is None else (lambda a: wrap(pin(a)))
 
     def _produce(self) -> Any:
         if self.schedule is None:

@@ -577,9 +577,7 @@ class DataLoader:
         every epoch); in the middle of an epoch, ``iter()`` then checks that the sampler's
         state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
         the saved one cancels the resume."""
-        state = _resume.check(state, "iterable" if self._iterable else "map")
-        check_int("seed", state["seed"], 0)
-        check_int("epoch", state["epoch"], 0)
+        state = _resume.check(state, "iterable" if self._iterable else "map")  # its whole shape
         saved, ours = state["batching"], self._batching()
         if saved != ours:
             raise ValueError(f"load_state_dict: the state was saved by a loader with batch_size="
@@ -587,7 +585,6 @@ class DataLoader:
                              f"{ours['batch_size']}, drop_last={ours['drop_last']}: the saved position counts batches "
                              "of the saved size")
         if not self._iterable:
-            check_int("next_batch", state["next_batch"], 0)
             self._sync_distributed()
             self._check_same_sharding(state["sampler"])
             if state["sampler"] is not None:  # None: saved without it, the order is re-read (NOTE above)

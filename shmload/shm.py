@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from ._platform import MAP_FLAGS, sigint_deferred, too_many_files
+from ._platform import MAP_FLAGS, limit_text, sigint_deferred, too_many_files
 from .errors import SharedMemoryError, format_bytes
 from .pinning import Pinner, PinnedRegion
 
@@ -101,12 +101,7 @@ def _map(fd: int, size: int) -> mmap.mmap:
     except OSError as exc:
         if exc.errno != errno.ENOMEM:
             raise
-        try:
-            import resource
-            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-            limit = "unlimited" if soft == resource.RLIM_INFINITY else format_bytes(soft)
-        except (ImportError, OSError, ValueError):
-            limit = "unknown"
+        limit = limit_text("AS", format_bytes)
         raise SharedMemoryError(
             f"could not map {format_bytes(size)} of shared memory into this process ({exc.strerror}): its "
             f"address space is full or limited (ulimit -v: {limit}). Raise the limit (ulimit -v unlimited, or "

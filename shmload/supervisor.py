@@ -8,8 +8,8 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 
 from __future__ import annotations
 
-import io
 import errno
+import io
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -151,8 +151,8 @@ class Supervisor:
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
         if method == "forkserver":
-            # started outside the window below, or the server (shared with the user's own
-            # processes) would keep SIGINT blocked for good
+            # started outside start_window(), or the server (shared with the user's own
+            # processes) would inherit SIGINT ignored and hand that to all its children
             multiprocessing.forkserver.ensure_running()
         try:
             for wid in range(num_workers):
