@@ -17,6 +17,7 @@ ends cut frames from their buffers with :func:`_frame`.
 from __future__ import annotations
 
 import array
+import errno
 import os
 import pickle
 import socket
@@ -162,7 +163,7 @@ class Inbox:
         """Read what has arrived (call after poll says the socket is readable). Raises
         EOFError once the main process's end is closed."""
         try:
-            data, ancdata, _flags, _addr = self.sock.recvmsg(_READ_SIZE, self._ANC_SIZE, socket.MSG_DONTWAIT)
+            data, ancdata, flags, _addr = self.sock.recvmsg(_READ_SIZE, self._ANC_SIZE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -172,6 +173,10 @@ class Inbox:
                 fds = array.array("i")
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
                 self._fds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            # The kernel dropped a descriptor it could not install (this process is at its
+            # descriptor limit): the Attach it belongs to would wait for it for ever.
+            raise _platform.too_many_files(OSError(errno.EMFILE, "a segment's descriptor could not be received"))
         if not data:
             raise EOFError("the main process closed the socket")
         self._buf += data
