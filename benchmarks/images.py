@@ -2,7 +2,7 @@
 
     python -m benchmarks.images [--quick] [--runs N] [--epochs E] [--repeats R]
 
-Two synthetic folders of photo-like JPEGs (``shmload.synthetic.image_folder``, written
+Two synthetic folders of photo-like JPEGs (``shmload.tools.synthetic.image_folder``, written
 once into benchmarks/.cache): (a) ~500x375, ImageNet's typical size, 1,500 images;
 (b) ~1600x1200, "large photos", 300 images. On each:
 
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             run_child(kind, args.root, args.epochs)
         args.child_out.write_text(json.dumps(result))
         return 0
-    from shmload.synthetic import image_folder
+    from shmload.tools.synthetic import image_folder
 
     t_start = time.perf_counter()
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

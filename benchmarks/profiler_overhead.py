@@ -30,13 +30,14 @@ from types import SimpleNamespace
 
 
 import shmload
-from shmload import counters
-from shmload.profile import ConsumerClock
+from shmload.loading import BatchTimer
+from shmload.profiler import counters
+from shmload.profiler.profile import ConsumerClock
 from shmload.worker import _WorkerLoop
 
 from .workloads import CachedImages, TinyRows
 
-WORKER_CLOCKS = 6  # perf_counter() readings a worker takes per batch for the profiler (worker.py)
+WORKER_CLOCKS = 7  # perf_counter() readings a worker takes per batch outside BatchTimer.record (worker.py, loading.py)
 MAIN_CLOCKS = 2  # in _Epoch.__next__: entering, and the ring sampling check
 
 
@@ -59,12 +60,13 @@ def _best(fn, number: int = 200_000, repeat: int = 7) -> float:
 def added_per_batch() -> tuple[float, float]:
     """Seconds the profiler adds to a batch: in a worker, in the main process."""
     board = counters.board(bytearray(counters.board_bytes(1)), 1)
-    task = SimpleNamespace(seq=1, indices=list(range(256)))
-    stand_in = SimpleNamespace(recorder=counters.Recorder(board, 0), args=SimpleNamespace(auto_batch=True),
-                               fetch_s=1e-4, collate_s=1e-4, nbytes=32768, recording=None)
+    timer = BatchTimer()
+    timer.begin(1, 1.0)
+    timer.fetch, timer.collate, timer.samples, timer.nbytes = 1e-4, 1e-4, 256, 32768
+    stand_in = SimpleNamespace(recorder=counters.Recorder(board, 0), timer=timer, recording=False)
 
     def worker_side():
-        stand_in.recording = (task, 1.0, 2.0)
+        stand_in.recording = True
         _WorkerLoop.record(stand_in)
 
     clock = _best(time.perf_counter)

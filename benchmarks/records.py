@@ -3,7 +3,7 @@
     python -m benchmarks.records [--quick] [--runs N] [--epochs E]
 
 **Data.** The suite's ``jpeg`` workload: photo-like synthetic JPEGs of ~500x375 (+-10%),
-quality 90, ~55 KB each, 10 classes (``shmload.synthetic.image_folder``, the folder (a) of
+quality 90, ~55 KB each, 10 classes (``shmload.tools.synthetic.image_folder``, the folder (a) of
 benchmarks/images.py, written once into benchmarks/.cache/images-500x375-<count>):
 2,000 images (--quick: 256). At the start of every invocation the folder is packed with
 ``pack_image_folder`` into a fresh records directory (removed at the end) with
@@ -699,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args)
     from shmload.records import pack_image_folder
-    from shmload.synthetic import image_folder
+    from shmload.tools.synthetic import image_folder
 
     t_start = time.perf_counter()
     m = machine()

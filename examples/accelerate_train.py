@@ -43,7 +43,7 @@ import json
 import sys
 
 import shmload
-from shmload.synthetic import SyntheticRegression
+from shmload.tools.synthetic import SyntheticRegression
 from shmload.integrations import for_accelerate
 
 EXIT_NEEDS_PACKAGES = 3

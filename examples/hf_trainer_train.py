@@ -55,7 +55,7 @@ import sys
 
 
 import shmload
-from shmload.synthetic import SyntheticRegression
+from shmload.tools.synthetic import SyntheticRegression
 
 EXIT_NEEDS_PACKAGES = 3
 

@@ -6,10 +6,10 @@ What it does:
 
 1. Writes (once; later runs reuse it) a small ImageFolder of synthetic photo-like JPEGs,
    ``<cache>/examples/colours-.../<class>/*.jpg``, where ``<cache>`` is
-   ``shmload.synthetic.cache_dir()`` (``$SHMLOAD_CACHE``, else ``~/.cache/shmload``).
+   ``shmload.tools.synthetic.cache_dir()`` (``$SHMLOAD_CACHE``, else ``~/.cache/shmload``).
    Each image is a random photo-like texture tinted with its class's colour (red, green,
    blue, yellow), so the label can be learnt from the pixels. (The folders of
-   ``shmload.synthetic.image_folder`` assign classes round-robin to images drawn
+   ``shmload.tools.synthetic.image_folder`` assign classes round-robin to images drawn
    independently of them: fine for measuring a loader, nothing to learn.)
 2. Loads it with ``shmload.datasets.ImageFolder`` and the fused
    ``shmload.transforms.train_pipeline(64, output="float32-chw")``: each worker decodes
@@ -42,7 +42,7 @@ import numpy as np
 
 import shmload
 from shmload.datasets import ImageFolder
-from shmload.synthetic import cache_dir, photo
+from shmload.tools.synthetic import cache_dir, photo
 from shmload.transforms import train_pipeline
 
 TORCH_PIN = "torch==2.13.0"

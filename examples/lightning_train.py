@@ -24,7 +24,7 @@ does. What Lightning does with it, and why it is right:
   sampler into a loader that is not torch's; shmload sees ``torch.distributed`` and
   reads this rank's share by itself (``distributed=True`` says so without a message).
 
-The dataset (``shmload.synthetic.SyntheticRegression``) draws a random augmentation from
+The dataset (``shmload.tools.synthetic.SyntheticRegression``) draws a random augmentation from
 numpy's global generator in every ``__getitem__``, as augmentations do; shmload seeds it
 per batch, so the samples are the same for any ``num_workers`` and after a resume.
 
@@ -45,7 +45,7 @@ import json
 import sys
 
 import shmload
-from shmload.synthetic import SyntheticRegression
+from shmload.tools.synthetic import SyntheticRegression
 
 EXIT_NEEDS_PACKAGES = 3
 

@@ -7,7 +7,7 @@ deterministic transform: ``Resize`` + ``CenterCrop`` to ``[3, 64, 64]`` uint8) i
 once with ``torch.utils.data.DataLoader`` and once with ``shmload.DataLoader``, with the
 same arguments and the same shuffled order, and every batch is compared: images and
 labels must be equal, tensor for tensor. The folder is written once (later runs reuse
-it) by ``shmload.synthetic.image_folder`` under ``shmload.synthetic.cache_dir()``.
+it) by ``shmload.tools.synthetic.image_folder`` under ``shmload.tools.synthetic.cache_dir()``.
 
 The change, in your training script::
 
@@ -31,7 +31,7 @@ import sys
 
 import shmload
 from shmload.datasets import ImageFolder
-from shmload.synthetic import cache_dir, image_folder
+from shmload.tools.synthetic import cache_dir, image_folder
 from shmload.transforms import CenterCrop, Compose, Resize, ToCHW
 
 TORCH_PIN = "torch==2.13.0"

@@ -13,7 +13,7 @@ from .iterable import GeneratorSource
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .sharding import DistributedWarning
-from .stats import LoaderStats, MainStats, RingStats, WorkerStats
+from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .worker import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"

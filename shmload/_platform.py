@@ -1,8 +1,10 @@
 """Platform specifics, in one place: start methods, mmap flags, inherited descriptors.
 
-shmload's workers need POSIX shared memory and descriptor passing over Unix sockets,
-so multiprocess loading is Linux-first (macOS may work, untested); ``num_workers=0``
-works everywhere.
+shmload's workers are Linux only: besides POSIX shared memory and descriptor passing
+over Unix sockets they use ``posix_fallocate`` on shared memory (shm.py), ``POLLRDHUP``
+to notice a dead main process (worker.py) and pidfds to notice a dead worker (below),
+none of which macOS has. So ``num_workers > 0`` is refused elsewhere, with a clear
+message (:func:`check_supported`); ``num_workers=0`` works everywhere.
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from .errors import ShmloadError
 START_METHODS = ("fork", "spawn", "forkserver")
 
 # No MAP_POPULATE: the pages are already allocated (posix_fallocate, see shm.py), so a
-# process's first touch of a page only maps it, about 1.5 us per 4 KiB page here. That
-# cost is paid once per page and process, whether up front or on first touch; paying it
-# up front made the first batch wait for every process to map the whole ring (~180 ms
-# for 150 MB), and made the main process map pages the consumer may never read.
+# process's first touch of a page only maps it, about 1.5 us per 4 KiB page. That cost
+# is paid once per page and process, whether up front or on first touch; paying it up
+# front made the first batch wait for every process to map the whole ring (for a 150 MB
+# ring, 114 ms to create plus ~68 ms per process to map: docs/performance.md), and made
+# the main process map pages the consumer may never read.
 MAP_FLAGS = mmap.MAP_SHARED
 
 
-def check_supported() -> None:
-    if not sys.platform.startswith(("linux", "darwin")):
+def check_supported(num_workers: int) -> None:
+    """Refuse worker processes off Linux (see the module's docstring for why)."""
+    if num_workers > 0 and not sys.platform.startswith("linux"):
         raise ShmloadError(
-            f"shmload's worker processes need POSIX shared memory, which {sys.platform!r} does not "
-            "provide; use num_workers=0 on this platform"
-        )
+            f"num_workers={num_workers}: shmload's worker processes run on Linux only (they use POSIX shared "
+            f"memory with posix_fallocate, POLLRDHUP and pidfds), and this is {sys.platform!r}. Use "
+            "num_workers=0 here, or torch.utils.data.DataLoader for worker processes on this platform")
 
 
 def usable_cpus() -> set[int]:

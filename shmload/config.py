@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from . import _platform, pinning
+from ._checks import check_int
+from .errors import OptionalDependencyError, ShmloadWarning
 
 
 @dataclass(frozen=True)
@@ -28,3 +33,89 @@ class LoaderConfig:
     batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
     drop_last: bool = False
     pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)
+
+
+def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
+                    num_workers: Any, prefetch_factor: Any, seed: Any, generator: Any, multiprocessing_context: Any,
+                    distributed: Any) -> tuple[int | None, bool]:
+    """The constructor's checks, with torch's rules and words where torch has them; the
+    ``batch_size`` and ``drop_last`` the loader takes (None and False with a batch_sampler)."""
+    check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+    check_int("seed", seed, 0, allow_none=True)
+    if not isinstance(drop_last, bool):  # torch's BatchSampler refuses other values, in these words
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
+    if distributed not in (None, False, True):
+        raise ValueError(f"distributed should be True, False or None, but got distributed={distributed!r}")
+    if shuffle not in (None, False, True):
+        raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
+    if multiprocessing_context is not None and num_workers == 0:  # torch's check and words
+        raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                         f"but got num_workers={num_workers}")
+    if generator is not None and seed is not None:
+        raise ValueError("give seed= or generator=, not both: both choose the loader's random seed")
+
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                             "sampler, and drop_last")
+        batch_size, drop_last = None, False
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
+                             "with drop_last")
+    else:
+        check_int("batch_size", batch_size, 1)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    return batch_size, drop_last
+
+
+def check_settings(loader: Any) -> None:
+    """The checks for every setting that may change after construction (loader.py's ``_SETTINGS``)."""
+    check_int("num_workers", loader.num_workers, 0)
+    _platform.check_supported(loader.num_workers)
+    check_int("prefetch_factor", loader.prefetch_factor, 1, allow_none=True)
+    check_int("seed", loader.seed, 0)
+    check_int("slot_bytes", loader.slot_bytes, 1, allow_none=True)
+    check_int("max_shm_bytes", loader.max_shm_bytes, 1, allow_none=True)
+    check_int("max_worker_restarts", loader.max_worker_restarts, 0)
+    # persistent_workers and in_order are taken for their truth, as torch takes them (1, 0, None)
+    timeout = loader.timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
+        raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
+    for name in ("collate_fn", "worker_init_fn"):
+        fn = getattr(loader, name)
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} should be callable or None, but got {fn!r}")
+    if loader.output not in ("numpy", "torch"):
+        raise ValueError(f"output should be 'numpy' or 'torch', but got output={loader.output!r}")
+    if loader.output == "torch":
+        try:
+            import torch  # noqa: F401  (only imported when asked for)
+        except ImportError as exc:
+            raise OptionalDependencyError("output='torch' needs torch: pip install torch==2.13.0 (the version "
+                                          "shmload is tested with; or pip install 'shmload[torch]')") from exc
+
+
+def iter_warnings(cfg: LoaderConfig, pin_memory: Any, pin_memory_device: str,
+                  pin_note: str | None) -> list[tuple[str, type]]:
+    """The warnings torch's DataLoader gives when an iterator is made, in its words
+    (scripts filter them by message), as (message, category)."""
+    out: list[tuple[str, type]] = []
+    if cfg.num_workers > 0:
+        cores = _platform.usable_cores()
+        if cfg.num_workers > cores:
+            out.append((f"This DataLoader will create {cfg.num_workers} worker processes in total. Our suggested "
+                        f"max number of worker in current system is {cores}, which is smaller than what this "
+                        "DataLoader is going to create. Please be aware that excessive worker creation might get "
+                        "DataLoader running slow or even freeze, lower the worker number to avoid potential "
+                        "slowness/freeze if necessary.", UserWarning))
+    if pin_memory:
+        if pin_memory_device:
+            out.append(("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                        f"ignore pin_memory_device='{pin_memory_device}'.", UserWarning))
+        if pin_note == pinning.NO_ACCELERATOR:
+            out.append((pin_note, UserWarning))  # torch's
+        elif pin_note:
+            out.append((pin_note, ShmloadWarning))
+    return out

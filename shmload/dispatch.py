@@ -9,7 +9,9 @@ in flight, so a failure can name the indices a worker was holding.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+from .messages import Task
 
 DEFAULT_PREFETCH = 2  # torch's default prefetch_factor
 AUTO_PREFETCH_BYTES = 1 << 20  # per worker, for prefetch_factor=None
@@ -36,13 +38,25 @@ def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: in
     return max(DEFAULT_PREFETCH, min(MAX_AUTO_PREFETCH, budget // slot_bytes))
 
 
+class InFlight(NamedTuple):
+    """A task a worker holds, and the slot it is to be written into (None: not known yet,
+    or waiting for a larger one; see allocation.py). The slot is a ``ring.Slot``."""
+
+    task: Task
+    slot: Any
+
+
 class Dispatcher:
     def __init__(self, num_workers: int, per_worker: int):
         self.per_worker = per_worker
-        self._tasks: list[dict[tuple[int, int], Any]] = [{} for _ in range(num_workers)]
+        self._tasks: list[dict[tuple[int, int], InFlight]] = [{} for _ in range(num_workers)]
         # How many tasks in flight have no slot (``task.slot is None``): zero in steady
         # state, which spares the session a scan of every task on each dispatch.
         self.without_slot = 0
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._tasks)
 
     def pick(self) -> int | None:
         """The worker to send the next task to, or None if every worker is full."""
@@ -57,21 +71,21 @@ class Dispatcher:
         worker whose stream it is, whatever the others hold.)"""
         return len(self._tasks[wid]) < self.per_worker
 
-    def assign(self, wid: int, key: tuple[int, int], task: Any) -> None:
-        """Record ``task`` (anything with a ``slot`` attribute) as held by ``wid``,
-        replacing what was recorded under ``key``."""
+    def assign(self, wid: int, key: tuple[int, int], task: InFlight) -> None:
+        """Record ``task`` as held by ``wid``, replacing what was recorded under ``key``
+        (iteration, seq)."""
         old = self._tasks[wid].get(key)
         self.without_slot += (task.slot is None) - (old is not None and old.slot is None)
         self._tasks[wid][key] = task
 
-    def complete(self, wid: int, key: tuple[int, int]) -> Any:
+    def complete(self, wid: int, key: tuple[int, int]) -> InFlight:
         task = self._tasks[wid].pop(key)
         self.without_slot -= task.slot is None
         return task
 
-    def task(self, wid: int, key: tuple[int, int]) -> Any:
+    def task(self, wid: int, key: tuple[int, int]) -> InFlight:
         return self._tasks[wid][key]
 
-    def held_by(self, wid: int) -> list:
+    def held_by(self, wid: int) -> list[InFlight]:
         """The tasks worker ``wid`` holds, oldest first."""
         return list(self._tasks[wid].values())

@@ -18,14 +18,13 @@ shuffle alike), whatever seed each rank's loader has.
 from __future__ import annotations
 
 import os
-import types
-from typing import Any, Iterator, Sized
+from typing import Any, Sized
 
 import numpy as np
 
 from . import sharding
 from ._checks import check_int
-from .sampler import Order, OrderLike, as_indices, check_state, shuffled
+from .sampler import Order, OrderLike, SeededSampler, shuffled
 
 
 def world() -> tuple[int, int, str]:
@@ -60,7 +59,7 @@ def current_rank(sampler: Any = None) -> int:
         return 0
 
 
-class DistributedSampler:
+class DistributedSampler(SeededSampler):
     """This rank's share of ``dataset``, reshuffled every epoch.
 
     ``num_replicas`` and ``rank`` default to those of ``torch.distributed`` (when
@@ -68,15 +67,13 @@ class DistributedSampler:
     needed. ``seed`` fixes the order (it takes precedence over the loader's seed, which
     only seeds augmentation) and must be the same on every rank.
 
-    Like :class:`shmload.RandomSampler`, each ``iter()`` uses the current epoch and then
-    advances it, and ``set_epoch(n)`` chooses the next one. Calling ``set_epoch(epoch)``
-    before each epoch, as torch requires, gives the same orders; forgetting it no longer
-    repeats the first epoch's order.
+    It counts epochs like :class:`shmload.RandomSampler` (``sampler.EpochSampler``): calling
+    ``set_epoch(epoch)`` before each epoch, as torch requires, gives the same orders;
+    forgetting it no longer repeats the first epoch's order.
     """
 
-    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
-
-    _array_order = True  # see sampler.SequentialSampler
+    _array_order = True  # (see sampler.EpochSampler)
+    _state_keys = SeededSampler._state_keys + ("num_replicas", "rank")
 
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False):
@@ -88,20 +85,17 @@ class DistributedSampler:
                 rank = found_rank
         check_int("num_replicas", num_replicas, 1)
         check_int("rank", rank, 0)
-        check_int("seed", seed, 0)
+        super().__init__(dataset, seed)  # (checks the seed)
         if rank >= num_replicas:
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} should be True or False, but got {name}={flag!r}")
-        self.data_source = dataset
-        self.dataset = dataset  # torch's name for it
+        self.dataset = dataset  # torch's name for data_source
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
         self.shuffle = shuffle
-        self.seed = int(seed)
         self.drop_last = drop_last
-        self.epoch = 0
 
     @property
     def num_samples(self) -> int:
@@ -115,41 +109,24 @@ class DistributedSampler:
     def total_size(self) -> int:
         return self.num_samples * self.num_replicas
 
-    def set_epoch(self, epoch: int) -> None:
-        check_int("epoch", epoch, 0)
-        self.epoch = int(epoch)
-
-    def _order(self) -> OrderLike:
-        n = len(self.data_source)
+    def _epoch_order(self, n: int) -> OrderLike:
         if n == 0:
-            self.epoch += 1
             return np.arange(0)  # nothing to share, as torch's
         # computed a batch at a time (sampler.py, NOTE [ Orders are computed a slice at a time ])
         order = shuffled(self.seed, self.epoch, n) if self.shuffle else Order(n)
-        self.epoch += 1
         return sharding.share(order, self.total_size, self.rank, self.num_replicas)
-
-    def __iter__(self) -> Iterator[int]:
-        return as_indices(self._order())
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "length": len(self.data_source),
-                "num_replicas": self.num_replicas, "rank": self.rank}
-
-    def load_state_dict(self, state: dict) -> None:
-        check_state(self, state, ("seed", "epoch", "length", "num_replicas", "rank"))
+    def _load(self, state: dict) -> None:
         if (state["num_replicas"], state["rank"]) != (self.num_replicas, self.rank):
             raise ValueError(
                 f"DistributedSampler.load_state_dict: the state was saved by rank {state['rank']} of "
                 f"{state['num_replicas']}, but this sampler is rank {self.rank} of {self.num_replicas}: a "
                 "position in one rank's shard means nothing in another's. Resume with the same world "
                 "size, each rank loading its own state")
-        check_int("seed", state["seed"], 0)
-        self.seed = int(state["seed"])
-        self.set_epoch(state["epoch"])
+        super()._load(state)
 
     def __repr__(self) -> str:
         return (f"DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, shuffle={self.shuffle}, "

@@ -21,17 +21,16 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from . import layout as _layout
 from . import _platform, lifetime, seeding
-from .collate import make_plan
+from .collate import build_local
 from .config import LoaderConfig
 from .errors import LoaderTimeoutError, ShmloadError, describe_load
-from .fetch import fetch
 from .iterable import Stream
+from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .messages import Draw, StreamPoint
 from .reorder import ReorderBuffer
-from .profile import Profile
-from .schedule import Planned
+from .profiler.profile import Profile
+from .schedule import Planned, Schedule
 from .session import Ended, LoadFailed, Session
 
 POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
@@ -46,10 +45,10 @@ class _Epoch:
 
     _length: int | None
     _profile: Profile
-    _claim: Callable[[], tuple[int, Any, Any]]
+    _claim: Callable[[], tuple[int, Schedule, Any]]
     _nbytes = 0  # array bytes of the batch _produce() returned
     epoch: int | None = None
-    schedule: Any = None  # None until the epoch begins
+    schedule: Schedule | None = None  # None until the epoch begins
     progress: Any = None
 
     reported_len: int | None = None  # len(loader) of an iterable source, if it was asked (loader.py)
@@ -122,11 +121,13 @@ class _Epoch:
 class SingleProcessEpoch(_Epoch):
     """``num_workers=0``: each batch is loaded when asked for, in the calling process."""
 
-    def __init__(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+    def __init__(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Schedule, Any]], length: int | None,
                  profile: Profile, stream: Stream | None = None):
         self._cfg, self._claim, self._length = cfg, claim, length
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
+        self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream)
+        self._timer = BatchTimer()
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
         self._lock = threading.Lock()
         # each array of a batch: copied into page-locked memory with pin_memory=True and CUDA
@@ -146,46 +147,37 @@ class SingleProcessEpoch(_Epoch):
                 raise StopIteration
             self.schedule.commit()
             batch = self._load(planned)
-            if batch is not _ENDED:
+            if batch is not ENDED:
                 return batch
 
     def _load(self, planned: Planned) -> Any:
-        cfg, seq, load = self._cfg, planned.seq, planned.load
+        """Load the batch in this process (loading.py, as a worker does), into fresh arrays.
+        The profile counts it as an in-process "worker" with no wait for a task; as in a
+        worker, a stage counts once it completes, and the rest (seeding, a failed stage)
+        is "other"."""
+        seq, load = planned.seq, planned.load
         draw = load if type(load) is Draw else None
-        # The profile's in-process "worker": no wait for a task; as in a worker, a stage
-        # counts once it completes, and the rest (seeding, a failed stage) is "other".
-        started = _clock()
-        fetch_s = collate_s = 0.0
+        timer = self._timer
+        timer.begin(seq, None)
         self._nbytes = 0
-        samples_n = 0
-        point = None
         ended = False
         try:
             with seeding.preserved_globals():
                 try:
-                    t0 = _clock()
-                    if draw is None:
-                        seeding.seed_globals(cfg.seed, self.epoch, seq, cfg.rank)
-                        samples = fetch(cfg.dataset, load, cfg.auto_batch)
-                    else:
-                        samples = self._stream.draw(self._key, draw, lambda n: seeding.seed_globals(
-                            cfg.seed, self.epoch, seeding.stream_position(n, 0, 1), cfg.rank))
-                        if samples is None:
-                            ended = True
-                            self.schedule.ended(0)
-                            self.progress.end(0)
-                            return _ENDED
-                        point = self._stream.point()
-                    t1 = _clock()
-                    fetch_s = t1 - t0
-                    samples_n = (len(samples) if draw is not None else len(load)) if cfg.auto_batch else 1
-                    plan = make_plan(samples, load if draw is None else None, cfg.collate_fn, cfg.auto_batch)
+                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer)
+                    point = self._stream.point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
                                        f"({describe_load(load)})") from exc
-            batch = _layout.build_local(plan, self._wrap)
-            collate_s = _clock() - t1
-            self._nbytes = plan.layout.nbytes
+            if plan is ENDED:
+                ended = True
+                self.schedule.ended(0)
+                self.progress.end(0)
+                return ENDED
+            timer.to_other()
+            batch = build_local(plan, self._wrap)
+            timer.to_collate()
+            self._nbytes = timer.nbytes = plan.layout.nbytes
             self._consumed(seq, draw, point)
             return batch
         except Exception:
@@ -195,16 +187,13 @@ class SingleProcessEpoch(_Epoch):
             raise
         finally:
             if not ended:
-                self._profile.inline.batch(seq, started, started, fetch_s, collate_s, _clock(), samples_n,
-                                           self._nbytes)
+                timer.record(self._profile.inline)
 
     def _consumed(self, seq: int, draw: Draw | None, point: StreamPoint | None) -> None:
         if draw is not None and point is None:  # the draw raised
             point = self._stream.point(failed=True)
         self.progress.record(seq, (0, point) if draw is not None else None)
 
-
-_ENDED = object()  # _load(): the stream ended, no batch
 
 
 class _Outcome:
@@ -223,7 +212,7 @@ class _Outcome:
 
 class MultiprocessEpoch(_Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 claim: Callable[[], tuple[int, Any, Any]], length: int | None, loader: Any, profile: Profile):
+                 claim: Callable[[], tuple[int, Schedule, Any]], length: int | None, loader: Any, profile: Profile):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
         self._profile = profile
         self._cfg, self._session = cfg, session
@@ -303,7 +292,7 @@ class MultiprocessEpoch(_Epoch):
                 return self._yield(popped[1])
             if self._exhausted and len(self._reorder) == 0:
                 raise StopIteration
-            self._session.check_progress(self._reorder.head)
+            self._session.raise_if_stuck(self._reorder.head)
             wait = POLL_INTERVAL
             if self._cfg.timeout > 0:
                 now = time.monotonic()
@@ -344,7 +333,7 @@ class MultiprocessEpoch(_Epoch):
         consumer = self._profile.consumer
         if _clock() >= consumer.next_sample:  # ring occupancy, at most every 5 ms
             self._session.collect_releases()  # so batches the consumer let go count as free
-            consumer.sample_ring(self._session.ring)
+            consumer.sample_ring(self._session.ring.counts())
         return self._session.deliver(result)
 
     def _pending(self) -> int:
@@ -356,7 +345,7 @@ class MultiprocessEpoch(_Epoch):
         seq = missing[0] if missing else planned.seq if planned is not None else -1
         return LoaderTimeoutError(
             f"DataLoader timed out after {self._cfg.timeout:g} seconds waiting for batch {seq}: "
-            f"{self._session.holder_of(seq)}")
+            f"{self._session.why_waiting(seq)}")
 
     def _finish(self) -> None:
         self._done = True

@@ -245,3 +245,40 @@ class CommandError(ShmloadError):
     ``MODULE:FACTORY`` that does not import), or the user's own code it runs raised. The
     message is one line naming what failed and what to do; the command exits with status 2
     (see NOTE [ Command errors ] in ``cli.py``)."""
+
+
+# ---------------------------------------------------------------- a worker's death
+def restart_message(h: Any, new_pid: int, used: int, allowed: int, seqs: list[int]) -> str:
+    """The warning for dead worker ``h`` (a supervisor handle) replaced by ``new_pid``,
+    which was sent the batches ``seqs`` again."""
+    lost = ("no batch" if not seqs else f"batch {seqs[0]}" if len(seqs) == 1 else
+            "batches " + ", ".join(map(str, seqs[:8])) + (f", ... ({len(seqs)} in all)" if len(seqs) > 8 else ""))
+    return (f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly; started "
+            f"pid {new_pid} in its place (restart {used} of max_worker_restarts={allowed}) and sent it {lost} again.")
+
+
+def death_error(h: Any, held: list[tuple[int, Any]], max_restarts: int) -> ShmloadError:
+    """The error for dead worker ``h`` that is not replaced; ``held``: its (batch, load) pairs."""
+    if not h.ready:
+        return WorkerStartupError(
+            f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} during start-up, "
+            "before it could report an error; see its output above (an import error under spawn "
+            "or forkserver is a common cause)")
+    doing = ("; it was loading " + ", ".join(f"batch {seq} ({describe_load(load)})" for seq, load in held)
+             if held else "")
+    if max_restarts:
+        restarts = f" All {max_restarts} restarts allowed (max_worker_restarts) were used."
+    else:
+        restarts = " Pass max_worker_restarts=N to replace up to N dead workers instead of failing."
+    return WorkerDiedError(
+        f"DataLoader worker process {h.id} (pid {h.pid}) {h.exit_description()} unexpectedly{doing}. "
+        f"If it was killed for memory (SIGKILL), lower num_workers, prefetch_factor or batch_size.{restarts}")
+
+
+def starting_steps(method: str, worker_init_fn: Any) -> str:
+    """What a worker that has not reported ready may still be doing."""
+    steps = ["worker_init_fn"] if worker_init_fn is not None else []
+    if method != "fork":
+        steps.insert(0, "unpickling the dataset")
+    steps.insert(0, f"its start ({method})")
+    return " or ".join(steps)

@@ -17,7 +17,7 @@ import itertools
 import sys
 from typing import Any, Callable, Iterator
 
-from .messages import Draw, Restore, StreamPoint
+from .messages import Draw, StreamPoint
 
 
 class GeneratorSource:
@@ -80,6 +80,30 @@ def as_source(dataset: Any) -> Any:
     return dataset
 
 
+def classify(dataset: Any) -> tuple[Any, bool]:
+    """(the dataset to load from, whether it is read as a stream): a map-style dataset as
+    it is, an iterable source as it is, a generator function wrapped (iterable.py)."""
+    if not hasattr(dataset, "__getitem__") or is_iterable_source(dataset):
+        dataset = as_source(dataset)
+        if hasattr(dataset, "__iter__"):
+            return dataset, True
+    missing = [m for m in ("__getitem__", "__len__") if not hasattr(dataset, m)]
+    if missing:
+        raise TypeError(f"dataset should be a map-style dataset (with __getitem__ and __len__), an iterable "
+                        f"source (with __iter__) or a function returning an iterator, but "
+                        f"{type(dataset).__name__} has no {' or '.join(missing)}")
+    return dataset, False
+
+
+def check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """An iterable source decides its own order: as torch, refuse the options that order."""
+    for name, value in (("shuffle", shuffle), ("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if value not in (None, False):
+            raise ValueError(f"DataLoader with an iterable source: expected unspecified {name} option, but got "
+                             f"{name}={value!r}. A stream is read in its own order; shuffle inside it "
+                             "(for example with a shuffle buffer), or give a map-style dataset")
+
+
 class Stream:
     """One worker's stream over its copy of the source, for one epoch at a time.
 
@@ -123,7 +147,7 @@ class Stream:
         iteration of the source (where ``draw.restore`` says)."""
         if epoch_key != self._epoch_key:
             self._begin(epoch_key, draw.restore)
-        while self._draws < draw.number and not self._ended:  # catch up: see Restore
+        while self._draws < draw.number and not self._ended:  # catch up: see StreamPoint
             seed(self._draws)
             try:
                 self._take(draw)
@@ -137,7 +161,7 @@ class Stream:
         seed(draw.number)
         return self._take(draw)
 
-    def _begin(self, epoch_key: Any, restore: Restore | None) -> None:
+    def _begin(self, epoch_key: Any, restore: StreamPoint | None) -> None:
         """Start the epoch's iteration. If the source cannot start (its ``iter()`` or
         ``load_state_dict()`` raises), the error is this draw's and the stream is ended:
         never read on from the previous epoch's iterator."""

@@ -57,9 +57,12 @@ class Detach(NamedTuple):
     segment: int
 
 
-class Restore(NamedTuple):
-    """Where a worker's stream starts: after ``draws`` draws, with the source's
-    ``state_dict()`` then (None: re-iterate from the start and skip ``draws`` draws)."""
+class StreamPoint(NamedTuple):
+    """A position in a worker's stream (an iterable source): after ``draws`` draws this
+    epoch, with the source's ``state_dict()`` then (None if it has none). Workers report
+    it after each draw; the main process sends it back in a :class:`Draw` where a stream
+    must start from it (exact resume, a restarted worker), and with ``state`` None the
+    worker re-iterates from the start and skips ``draws`` draws."""
 
     draws: int
     state: Any
@@ -75,7 +78,7 @@ class Draw(NamedTuple):
     number: int
     size: int | None
     drop_last: bool
-    restore: Restore | None = None
+    restore: StreamPoint | None = None
 
     def describe(self) -> str:
         return f"draw {self.number} of worker {self.worker}'s stream"
@@ -87,7 +90,7 @@ class Task(NamedTuple):
     iteration: int
     epoch: int
     seq: int
-    indices: Any  # list of ints, one int with batch_size=None, or a Draw
+    load: Any  # what to load: a list of dataset indices, one index (batch_size=None), or a Draw
     slot: SlotRef | None
 
 
@@ -112,14 +115,6 @@ class Ready(NamedTuple):
 class StartupFailed(NamedTuple):
     worker_id: int
     error: RemoteError
-
-
-class StreamPoint(NamedTuple):
-    """An iterable source's position after a draw: draws made so far this epoch, and its
-    ``state_dict()`` then (None if it has none)."""
-
-    draws: int
-    state: Any
 
 
 class Done(NamedTuple):

@@ -1,5 +1,6 @@
-"""Resume: what the consumer has been given this epoch, and the loader's state for an
-exact resume (``DataLoader.state_dict()``).
+"""Resume: the loader's state for an exact resume (``DataLoader.state_dict()``), the
+checks a loaded one must pass, and the plan of a resumed epoch. What the consumer has
+been given in an epoch is recorded by ``progress.py``.
 
 Why saving a position is enough for bit-identical batches: a map-style batch is fixed by
 the sampler's order for the epoch (fixed by the sampler's own state at the epoch's
@@ -20,88 +21,16 @@ JSON-serializable when those are. The format is documented in docs/api.md.
 
 from __future__ import annotations
 
+import copy
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
-from .messages import Restore, StreamPoint
+from .messages import StreamPoint
+from .progress import BatchProgress, StreamProgress
+from .schedule import RoundRobinSchedule, SamplerSchedule
 
 FORMAT = 1
 KEY = "shmload_loader_state"  # the format version's key, which marks a dict as ours
-
-
-class _Progress:
-    """An epoch's record, kept by the loader after its iterator is gone (a ``for`` loop
-    left with ``break`` drops the iterator, and with it the workers, but the loader must
-    still be able to say where the consumer stopped)."""
-
-    epoch = 0
-    finished = False  # the epoch ran to its end (StopIteration)
-
-
-class BatchProgress(_Progress):
-    """The positions of a map-style epoch delivered so far: all below ``next_batch``, and
-    ``beyond`` (delivered out of order, ``in_order=False``); and the sampler's state at
-    the epoch's start."""
-
-    def __init__(self, start: int = 0, beyond: frozenset[int] = frozenset(), sampler_state: Any = None):
-        self.sampler_state = sampler_state
-        self.next_batch = start
-        self.beyond = set(beyond)
-        self._settle()
-
-    def record(self, seq: int, stream: Any) -> None:
-        """The batch at position ``seq`` was delivered (or raised at its position)."""
-        self.delivered(seq)
-
-    def delivered(self, seq: int) -> None:
-        if seq == self.next_batch:
-            self.next_batch += 1
-            if self.beyond:
-                self._settle()
-        else:
-            self.beyond.add(seq)
-
-    def _settle(self) -> None:
-        while self.next_batch in self.beyond:
-            self.beyond.discard(self.next_batch)
-            self.next_batch += 1
-
-
-class StreamProgress(_Progress):
-    """The draws of each worker's stream delivered so far, the source's state after the
-    last one, the streams whose end was delivered, and whose turn comes next."""
-
-    def __init__(self, streams: int):
-        self.draws = [0] * streams
-        self.states: list[Any] = [None] * streams
-        self.ended: set[int] = set()
-        self.next_worker = 0
-
-    @classmethod
-    def resumed(cls, state: dict) -> StreamProgress:
-        """The progress a saved iterable epoch had (``stream_state``'s inverse)."""
-        progress = cls(len(state["streams"]))
-        for w, s in enumerate(state["streams"]):
-            progress.draws[w], progress.states[w] = s["draws"], s["state"]
-            if s["ended"]:
-                progress.ended.add(w)
-        progress.next_worker = state["next_worker"]
-        return progress
-
-    def record(self, seq: int, stream: tuple[int, StreamPoint]) -> None:
-        """A draw was delivered (or raised at its position): ``stream`` is its worker and
-        the stream's position after it."""
-        worker, point = stream
-        self.delivered(worker, point.draws, point.state)
-
-    def delivered(self, worker: int, draws: int, state: Any) -> None:
-        self.draws[worker] = draws
-        self.states[worker] = state
-        self.next_worker = (worker + 1) % len(self.draws)
-
-    def end(self, worker: int) -> None:
-        self.ended.add(worker)
-        self.next_worker = (worker + 1) % len(self.draws)
 
 
 def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress | None, batching: dict) -> dict:
@@ -119,11 +48,12 @@ def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress |
         for w in range(streams)], "next_worker": progress.next_worker}
 
 
-def restores(state: dict) -> dict[int, Restore]:
+def restores(state: dict) -> dict[int, StreamPoint]:
     """Where each stream of a saved iterable epoch starts again."""
-    return {w: Restore(s["draws"], s["state"]) for w, s in enumerate(state["streams"]) if s["draws"]}
+    return {w: StreamPoint(s["draws"], s["state"]) for w, s in enumerate(state["streams"]) if s["draws"]}
 
 
+# ---------------------------------------------------------------- loading a state
 def check(state: Any, kind: str) -> dict:
     """``state`` if it is a loader state of this ``kind`` and format, and of the shape
     ``map_state``/``stream_state`` make (NOTE [ Checking a loaded state ]), else a
@@ -146,6 +76,144 @@ def check(state: Any, kind: str) -> dict:
     if problems:
         raise ValueError(f"load_state_dict: {len(problems)} problems with the state: {'; '.join(problems)}")
     return state
+
+
+# ---------------------------------------------------------------- saving: the sampler's state
+class Unsaveable(NamedTuple):
+    """What the loader keeps instead of a state when the order's source has none."""
+
+    reason: str
+
+
+def capture(source: Any, kind: str = "sampler") -> Any:
+    """The state of the sampler (or batch sampler) that fixes the epoch's order: a copy,
+    since the sampler may go on changing the dict it returned."""
+    try:
+        check_resumable(source, kind)
+    except TypeError as exc:
+        return Unsaveable(str(exc))
+    return copy.deepcopy(source.state_dict())
+
+
+# NOTE [ Saving without the sampler's state ]
+# A sampler (or iterable source) without state_dict() cannot be restored, only re-read.
+# state_dict() does not raise for it: trainers call state_dict() at every checkpoint of
+# any loader that has the method (Lightning does), and a checkpoint must not crash a
+# training that torch's loader would not crash (torch's DistributedSampler has no state).
+# The state then holds the position alone (the sampler's part is None), and a resume
+# re-reads the order (or each worker's stream, from its start) and skips what was
+# delivered, as torchdata's StatefulDataLoader does: the same batches if the order is
+# the same then (torch's DistributedSampler after the same set_epoch; a stream that reads
+# the same), other ones if not (an unseeded random sampler). One ShmloadWarning says so.
+def fast_forward_note(reason: str, kind: str) -> str:
+    again = ("re-reads each worker's stream from its start and skips the draws delivered" if kind != "sampler" else
+             "iterates the sampler again and skips the batches delivered")
+    return (f"DataLoader.state_dict(): {reason}. The state holds the position alone: a resume {again}, which gives "
+            "the same batches only if the order is the same then (torch's DistributedSampler after the same "
+            "set_epoch: yes; a sampler or stream drawing from an unseeded generator: no)")
+
+
+def check_resumable(source: Any, kind: str = "sampler") -> None:
+    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(source, m, None))]
+    if not missing:
+        return
+    if kind == "sampler":
+        raise TypeError(
+            f"the sampler {type(source).__name__} has no {' or '.join(missing)}, which restoring the epoch's "
+            "order needs. Give it both (state_dict() returning what fixes the order of its next iter(), such as "
+            "its seed and epoch), or use shmload's SequentialSampler, RandomSampler or DistributedSampler, which "
+            "have them")
+    raise TypeError(
+        f"the iterable source {type(source).__name__} has no {' or '.join(missing)}, which restoring a position "
+        "in the middle of an epoch needs. Give it both: state_dict() returning where its iteration is, "
+        "load_state_dict(state) making the next iter() continue from there. Saving between epochs needs neither")
+
+
+def check_unchanged(source: Any, resume: dict, state: Any) -> None:
+    """A position in the middle of an epoch means something only in the saved order: the
+    sampler must not have been moved (by a ``set_epoch`` of another epoch, say) since its
+    state was loaded."""
+    if resume["sampler"] is None:
+        return  # saved without the sampler's state: nothing to compare (NOTE [ Saving without ...])
+    try:
+        same = bool(state == resume["sampler"])
+    except Exception:  # states that do not compare (arrays): nothing to check with
+        return
+    if not same:
+        raise ValueError(
+            f"the sampler {type(source).__name__} changed after load_state_dict(): its state is {state!r}, "
+            f"but the saved position (batch {resume['next_batch']} of epoch {resume['epoch']}) belongs to the "
+            f"saved state {resume['sampler']!r}. Do not move the sampler (set_epoch of another epoch) between "
+            "load_state_dict() and the resumed epoch's first batch")
+
+
+def check_streams(num_workers: int, resume: dict) -> None:
+    """An iterable state resumes only with as many worker streams as saved it (the resume
+    then waits for a retry with the right ``num_workers``)."""
+    saved, streams = len(resume["streams"]), max(1, num_workers)
+    if saved != streams:
+        raise ValueError(
+            f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
+            f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={num_workers}: each "
+            "worker reads its own shard of the stream, so resume with the same number of workers")
+
+def check_batching(saved: dict, ours: dict) -> None:
+    """A position counts batches: it means something only under the same grouping."""
+    if saved != ours:
+        raise ValueError(f"load_state_dict: the state was saved by a loader with batch_size="
+                         f"{saved['batch_size']}, drop_last={saved['drop_last']}, but this one has batch_size="
+                         f"{ours['batch_size']}, drop_last={ours['drop_last']}: the saved position counts batches "
+                         "of the saved size")
+
+
+def check_same_sharding(saved: Any, shard: tuple[int, int] | None) -> None:
+    """A state saved by a rank that sharded by itself loads only into a loader that
+    shards alike (``DistributedSampler`` checks the rank and world size). ``shard`` is
+    the loader's own (world size, rank), None if it reads everything."""
+    if not isinstance(saved, dict):
+        return
+    if "num_replicas" in saved and shard is None:
+        raise ValueError(
+            f"load_state_dict: the state was saved by rank {saved.get('rank')} of {saved['num_replicas']} "
+            "processes, where this loader read only its rank's share, but torch.distributed is not initialized "
+            "here (or distributed=False): initialize the process group before load_state_dict(), with the same "
+            "world size")
+    if "num_replicas" not in saved and shard is not None:
+        raise ValueError(
+            f"load_state_dict: the state was saved by a loader reading the whole dataset, but this one reads "
+            f"rank {shard[1]}'s share of {shard[0]} processes (torch.distributed is initialized): a "
+            "position means nothing in another order. Resume in the same kind of job, or pass distributed=False")
+
+
+# ---------------------------------------------------------------- a resumed epoch's plan
+def plan_sampler_epoch(source: Any, batches_from: Callable[[int], Iterable[Any]], batched: bool,
+                       resume: dict | None) -> tuple[SamplerSchedule, BatchProgress]:
+    """The epoch's batches from the position a loaded state says (``resume``; None: from
+    the start). ``source`` fixes the order (its state is saved); ``batches_from(start)``
+    iterates the batches from position ``start``. The order is drawn now, right after
+    the source's state is taken, so the state is the one it was drawn from; and before
+    the first batch is pulled, since the loader pulls batches ahead of the consumer."""
+    sampler_state = capture(source)
+    if resume is not None and (resume["next_batch"] or resume["delivered_beyond"]):
+        check_unchanged(source, resume, sampler_state)
+    start = resume["next_batch"] if resume is not None else 0
+    skip = frozenset(resume["delivered_beyond"]) if resume is not None else frozenset()
+    schedule = SamplerSchedule(batches_from(start), start, skip, batched=batched)
+    schedule.peek()  # draws the order (samplers and batch samplers are lazy generators)
+    return schedule, BatchProgress(start, skip, sampler_state)
+
+
+def plan_stream_epoch(num_workers: int, batch_size: int | None, drop_last: bool,
+                      resume: dict | None) -> tuple[RoundRobinSchedule, StreamProgress]:
+    """An iterable source's epoch: each worker's stream from where a loaded state says."""
+    streams = max(1, num_workers)
+    if resume is None:
+        return RoundRobinSchedule(streams, batch_size, drop_last), StreamProgress(streams)
+    check_streams(num_workers, resume)
+    progress = StreamProgress.resumed(resume)
+    schedule = RoundRobinSchedule(streams, batch_size, drop_last, draws=progress.draws, ended=progress.ended,
+                                  first=progress.next_worker, restores=restores(resume))
+    return schedule, progress
 
 
 # NOTE [ Checking a loaded state ]. A state comes back from a checkpoint file: perhaps

@@ -4,17 +4,17 @@ Pure bookkeeping: the segments themselves come from a factory (``shm.Segment`` i
 loader, a fake in the unit tests), and workers are told about new and retired segments
 through the ``on_attach`` / ``on_detach`` callbacks.
 
-A slot moves FREE -> ASSIGNED (task sent) -> READY (completion received) -> HELD
+A slot moves FREE -> FILLING (sent with a task) -> READY (completion received) -> HELD
 (yielded to the user) -> FREE (the user dropped the last view). Only the main process
 changes these states, so a slot is written by one worker at a time and read only after
 its completion message (credit-based dispatch: a task is sent with its slot).
 
 Sizing. Steady state needs ``num_workers * prefetch_factor`` slots for the batches in
 flight, plus the batches the consumer holds: a ``for`` loop still holds the previous
-batch while ``next()`` runs, so the ring aims for two more (``min_slots``). It does not
+batch while ``next()`` runs, so the ring aims for two more (``target_slots``). It does not
 make them all at once: the first batch's size creates only the slots asked for at that
 moment, and the rest come one at a time as tasks need them (:meth:`add_slots`). Creating
-shared memory costs about a millisecond per 4 MB here (reserving and zeroing the pages),
+shared memory is slow (reserving and zeroing the pages: 114 ms for 150 MB, docs/performance.md),
 so the first batch should not wait for the whole ring. Growth:
 
 * a batch larger than the slots (variable-size samples): :meth:`grow_capacity` maps a
@@ -32,12 +32,22 @@ from __future__ import annotations
 
 import enum
 import mmap
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 from .errors import RingFullError, format_bytes
 from .messages import SlotRef
 
 GROWTH = 1.25
+
+
+class SegmentLike(Protocol):
+    """What the ring needs of a segment (``shm.Segment``; a fake in the unit tests):
+    made by ``make_segment(id, size)``, closed once no slot of it is in use."""
+
+    id: int
+    size: int
+
+    def close(self) -> None: ...
 
 
 def page_round(nbytes: int) -> int:
@@ -46,7 +56,7 @@ def page_round(nbytes: int) -> int:
 
 class SlotState(enum.Enum):
     FREE = "free"
-    ASSIGNED = "assigned"
+    FILLING = "filling"  # sent with a task: a worker writes it
     READY = "ready"
     HELD = "held"
 
@@ -54,7 +64,7 @@ class SlotState(enum.Enum):
 class Slot:
     __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch")
 
-    def __init__(self, ring: Ring, segment: Any, offset: int, capacity: int):
+    def __init__(self, ring: Ring, segment: SegmentLike, offset: int, capacity: int):
         self.ring = ring
         self.segment = segment
         self.offset = offset
@@ -72,19 +82,19 @@ class Slot:
 
 
 class Ring:
-    def __init__(self, make_segment: Callable[[int, int], Any], min_slots: int | Callable[[int], int],
+    def __init__(self, make_segment: Callable[[int, int], SegmentLike], target_slots: int | Callable[[int], int],
                  max_bytes: int,
                  bound_source: str = "max_shm_bytes",
-                 on_attach: Callable[[Any], None] = lambda seg: None,
-                 on_detach: Callable[[Any], None] = lambda seg: None):
+                 on_attach: Callable[[SegmentLike], None] = lambda seg: None,
+                 on_detach: Callable[[SegmentLike], None] = lambda seg: None):
         self._make_segment = make_segment
         # the target number of slots, for a given slot size (the prefetch depth may depend on it)
-        self._min_slots_for = min_slots if callable(min_slots) else (lambda slot_bytes: min_slots)
+        self._target_for = target_slots if callable(target_slots) else (lambda slot_bytes: target_slots)
         self.max_bytes = max_bytes
         self.bound_source = bound_source  # where max_bytes came from, for error messages
         self._on_attach, self._on_detach = on_attach, on_detach
         self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
-        self._segments: dict[int, Any] = {}
+        self._segments: dict[int, SegmentLike] = {}
         self._live: dict[int, int] = {}  # segment id -> slots not yet dropped
         self._free: list[Slot] = []
         self._slots: list[Slot] = []
@@ -100,8 +110,8 @@ class Ring:
         return list(self._segments.values())
 
     @property
-    def min_slots(self) -> int:
-        return self._min_slots_for(self.slot_bytes)
+    def target_slots(self) -> int:
+        return self._target_for(self.slot_bytes)
 
     @property
     def num_slots(self) -> int:
@@ -122,11 +132,11 @@ class Ring:
 
     # ------------------------------------------------------------ taking and returning
     def take(self, nbytes: int = 0) -> Slot | None:
-        """A free slot holding at least ``nbytes``, now ASSIGNED; None if there is none."""
+        """A free slot holding at least ``nbytes``, now FILLING; None if there is none."""
         for i in range(len(self._free) - 1, -1, -1):  # newest first: its pages are warm
             if self._free[i].capacity >= nbytes:
                 slot = self._free.pop(i)
-                slot.state = SlotState.ASSIGNED
+                slot.state = SlotState.FILLING
                 return slot
         return None
 
@@ -154,15 +164,15 @@ class Ring:
     # ------------------------------------------------------------ growth
     def grow_capacity(self, nbytes: int, count: int | None = None) -> None:
         """Replace the slots with larger ones holding at least ``nbytes``: ``count`` of them,
-        by default as many as the ring had (at least ``min_slots``), or as many as fit
+        by default as many as the ring had (at least ``target_slots``), or as many as fit
         under the bound."""
         capacity = page_round(max(nbytes, int(self.slot_bytes * GROWTH)) if self.slot_bytes else nbytes)
         # A retired segment's memory goes only when all its slots are free.
         busy = {s.segment.id for s in self._slots if s.state is not SlotState.FREE}
         kept = sum(seg.size for sid, seg in self._segments.items() if sid in busy)
         # as many as the target for the new size, plus those added for held batches
-        target = self._min_slots_for(capacity)
-        wanted = target + max(0, self.num_slots - self.min_slots) if count is None else count
+        target = self._target_for(capacity)
+        wanted = target + max(0, self.num_slots - self.target_slots) if count is None else count
         count = min(wanted, (self.max_bytes - kept) // capacity)
         if count < 1:
             raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",
@@ -176,7 +186,7 @@ class Ring:
         self._add_segment(count)
 
     def add_slots(self) -> None:
-        """Add slots while the ring has fewer than ``min_slots`` (it is being filled on
+        """Add slots while the ring has fewer than ``target_slots`` (it is being filled on
         demand after a small first sizing): as many as it has, up to the target, so that
         filling a ring of n slots takes O(log n) segments, each one descriptor in the main
         process and one mapping in every worker (one segment per slot ran 32 workers at
@@ -184,7 +194,7 @@ class Ring:
         for batches the consumer holds."""
         if not self.slot_bytes:
             raise RuntimeError("add_slots() before the ring was sized")
-        have, target = self.num_slots, self.min_slots
+        have, target = self.num_slots, self.target_slots
         wanted = min(target - have, max(1, have)) if have < target else have
         count = min(wanted, (self.max_bytes - self.nbytes) // self.slot_bytes)
         if count < 1:
@@ -202,7 +212,7 @@ class Ring:
                       "slot_bytes= the largest batch's size so the ring is sized once, or raise the bound "
                       "(max_shm_bytes=, or more /dev/shm: docker run --shm-size=...).")
         has = f"It has {self.num_slots} slots of {format_bytes(self.slot_bytes)}." if self.slot_bytes else \
-            f"It needs {self.min_slots} slots."
+            f"It needs {self.target_slots} slots."
         if self.slot_bytes and self.num_slots < 2:
             has += " A for-loop needs at least two: one for the batch it holds, one for the next."
         return RingFullError(

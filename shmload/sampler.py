@@ -145,21 +145,27 @@ def check_state(sampler: Any, state: Any, keys: tuple[str, ...]) -> dict:
     return state
 
 
-class SequentialSampler:
-    """Indices ``0, 1, ..., len(data_source) - 1``.
+class EpochSampler:
+    """What the samplers here share (:class:`SequentialSampler`, :class:`RandomSampler`,
+    ``distributed.DistributedSampler``): they count epochs. Each ``iter()`` uses the
+    current epoch and then advances it, so successive epochs differ where the order
+    depends on the epoch; ``set_epoch(n)`` chooses the epoch of the next ``iter()``.
+    ``state_dict()`` is the state between epochs, which fixes the next ``iter()``'s order.
 
-    The order is the same every epoch, but the sampler counts epochs like the others
-    (``epoch``, ``set_epoch``, advanced by each ``iter()``): a loader's own sampler carries
-    the epoch number that seeds the batches' augmentations (``DataLoader._upcoming_epoch``),
-    which trainers set with ``loader.sampler.set_epoch(n)``.
+    A subclass states what differs: its order (``_epoch_order``), the keys of its state
+    (``_state_keys``), and what loading checks or takes besides the epoch (``_load``).
     """
 
     __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
 
     # ``_order()`` returns the epoch's order (an Order or an array), which BatchSampler
-    # slices (NOTE [ Orders are computed a slice at a time ]).
-    # Looked up in the class's own __dict__: a subclass may change __iter__.
-    _array_order = True
+    # slices (NOTE [ Orders are computed a slice at a time ]) for the classes that set
+    # ``_array_order`` themselves (BatchSampler.batches_from says why not their subclasses).
+
+    # state_dict()'s keys, in this order: "length" is len(data_source) (which check_state
+    # compares), the others are attributes. load_state_dict() needs all but _optional_keys.
+    _state_keys: tuple[str, ...] = ("length", "epoch")
+    _optional_keys: tuple[str, ...] = ()
 
     def __init__(self, data_source: Sized):
         self.data_source = data_source
@@ -169,65 +175,78 @@ class SequentialSampler:
         check_int("epoch", epoch, 0)
         self.epoch = int(epoch)
 
-    def state_dict(self) -> dict:
-        return {"length": len(self.data_source), "epoch": self.epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        check_state(self, state, ("length",))
-        self.set_epoch(state.get("epoch", 0))  # (states saved before it counted epochs have none)
-
-    def _order(self) -> Order:
-        self.epoch += 1
-        return Order(len(self.data_source))
-
-    def __iter__(self) -> Iterator[int]:
-        self.epoch += 1
-        return iter(range(len(self.data_source)))
-
-    def __len__(self) -> int:
-        return len(self.data_source)
-
-
-class RandomSampler:
-    """A permutation of ``range(len(data_source))``, fixed by ``seed`` and the epoch.
-
-    Each ``iter()`` uses the current epoch and then advances it, so successive epochs are
-    shuffled differently; ``set_epoch(n)`` chooses the epoch of the next ``iter()``.
-    """
-
-    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
-
-    _array_order = True  # see SequentialSampler
-
-    def __init__(self, data_source: Sized, seed: int = 0):
-        check_int("seed", seed, 0)
-        self.data_source = data_source
-        self.seed = int(seed)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        check_int("epoch", epoch, 0)
-        self.epoch = int(epoch)
+    def _epoch_order(self, n: int) -> OrderLike:
+        """The order of epoch ``self.epoch`` over a data source of ``n`` samples."""
+        raise NotImplementedError
 
     def _order(self) -> OrderLike:
-        order = shuffled(self.seed, self.epoch, len(self.data_source))
+        order = self._epoch_order(len(self.data_source))
         self.epoch += 1
         return order
-
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "length": len(self.data_source)}
-
-    def load_state_dict(self, state: dict) -> None:
-        check_state(self, state, ("seed", "epoch", "length"))
-        check_int("seed", state["seed"], 0)
-        self.seed = int(state["seed"])
-        self.set_epoch(state["epoch"])
 
     def __iter__(self) -> Iterator[int]:
         return as_indices(self._order())  # (the order is drawn, and the epoch advanced, at iter())
 
     def __len__(self) -> int:
         return len(self.data_source)
+
+    def state_dict(self) -> dict:
+        return {key: len(self.data_source) if key == "length" else getattr(self, key) for key in self._state_keys}
+
+    def load_state_dict(self, state: dict) -> None:
+        required = tuple(key for key in self._state_keys if key not in self._optional_keys)
+        self._load(check_state(self, state, required))
+
+    def _load(self, state: dict) -> None:
+        """Take ``state``, of the right keys and length: a subclass checks or takes its own
+        keys, then calls this."""
+        self.set_epoch(state.get("epoch", 0))  # (0 only where _optional_keys has it)
+
+
+class SeededSampler(EpochSampler):
+    """An :class:`EpochSampler` whose order is fixed by ``seed`` and the epoch; its state
+    holds the seed."""
+
+    _state_keys = ("seed", "epoch", "length")
+
+    def __init__(self, data_source: Sized, seed: int = 0):
+        check_int("seed", seed, 0)
+        super().__init__(data_source)
+        self.seed = int(seed)
+
+    def _load(self, state: dict) -> None:
+        check_int("seed", state["seed"], 0)
+        self.seed = int(state["seed"])
+        super()._load(state)
+
+
+class SequentialSampler(EpochSampler):
+    """Indices ``0, 1, ..., len(data_source) - 1``.
+
+    The order is the same every epoch, but the sampler counts epochs like the others
+    (:class:`EpochSampler`): a loader's own sampler carries the epoch number that seeds
+    the batches' augmentations (``DataLoader._upcoming_epoch``), which trainers set with
+    ``loader.sampler.set_epoch(n)``.
+    """
+
+    _array_order = True  # (see EpochSampler)
+    _optional_keys = ("epoch",)  # states saved before it counted epochs have none: epoch 0
+
+    def _epoch_order(self, n: int) -> Order:
+        return Order(n)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self._order())))  # a plain range, as torch's: no chunks to compute
+
+
+class RandomSampler(SeededSampler):
+    """A permutation of ``range(len(data_source))``, fixed by ``seed`` and the epoch, so
+    successive epochs are shuffled differently (the epochs: :class:`EpochSampler`)."""
+
+    _array_order = True  # (see EpochSampler)
+
+    def _epoch_order(self, n: int) -> OrderLike:
+        return shuffled(self.seed, self.epoch, n)
 
 
 class BatchSampler:
@@ -276,3 +295,24 @@ class BatchSampler:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+
+
+def orders(dataset: Any, iterable: bool, shuffle: Any, sampler: Any, batch_sampler: Any, batch_size: int | None,
+           drop_last: bool, seed: int) -> tuple[Any, Any, Any]:
+    """A loader's (sampler, batch_sampler, order source), as torch's DataLoader makes its
+    samplers: a Sequential- or RandomSampler if none was given, and a BatchSampler over it
+    for ``batch_size``. The order source is what fixes the epoch's order, whose state
+    resume saves (resume.py): the user's batch sampler or sampler, never our BatchSampler
+    (it has no state of its own), and nothing for an iterable source (it orders itself)."""
+    order_source = batch_sampler if batch_sampler is not None else sampler
+    if type(order_source) is BatchSampler:
+        order_source = order_source.sampler
+    if iterable:
+        return sampler, batch_sampler, None
+    if sampler is None:
+        sampler = RandomSampler(dataset, seed) if shuffle else SequentialSampler(dataset)
+    if order_source is None:
+        order_source = sampler
+    if batch_size is not None and batch_sampler is None:
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+    return sampler, batch_sampler, order_source

@@ -20,17 +20,30 @@ known: those come back empty (``messages.Exhausted``) and are skipped.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
-from .messages import Draw, Restore
+from .messages import Draw, StreamPoint
 
 
 class Planned(NamedTuple):
     seq: int  # the batch's position in the epoch (delivery order, and its seeds for map-style)
     load: Any  # dataset indices, or a messages.Draw
     worker: int | None  # the worker it must go to (a stream's), or None: any
+
+
+class Schedule(Protocol):
+    """What an epoch (``epoch.py``) needs of its schedule: the contract both kinds keep."""
+
+    def peek(self) -> Planned | None:
+        """The next task to send (the same one until :meth:`commit`), None at the end."""
+
+    def commit(self) -> None:
+        """The task :meth:`peek` gave was sent: the next ``peek`` gives the one after it."""
+
+    def ended(self, worker: int) -> None:
+        """``worker``'s stream has ended: plan no more of its draws (map-style: no-op)."""
 
 
 def batch_indices(indices: Any, seq: int) -> Any:
@@ -86,12 +99,12 @@ class RoundRobinSchedule:
     """Draws from ``streams`` worker streams in rotation, starting with ``first``.
 
     ``draws[w]`` is the draw worker ``w`` makes next, ``ended`` the streams that ended,
-    and ``restores[w]`` where stream ``w`` must start (see ``messages.Restore``); all
+    and ``restores[w]`` where stream ``w`` must start (see ``messages.StreamPoint``); all
     three describe a resumed epoch, and are empty for a fresh one."""
 
     def __init__(self, streams: int, size: int | None, drop_last: bool, draws: list[int] | None = None,
                  ended: set[int] | frozenset[int] = frozenset(), first: int = 0,
-                 restores: dict[int, Restore] | None = None):
+                 restores: dict[int, StreamPoint] | None = None):
         self.size, self.drop_last = size, drop_last
         self.draws = list(draws) if draws is not None else [0] * streams
         self.active = [w not in ended for w in range(streams)]

@@ -10,7 +10,7 @@ computed a batch at a time, see NOTE [ Shuffling a huge range ]); a batch's glob
 seeds come from a keyed BLAKE2b hash of (seed, epoch, position). Both are
 full-avalanche mixers, so neighbouring batches get unrelated seeds and the sampler
 never shares random numbers with the augmentations. The hash is used per batch because
-it is ~20x cheaper than building a SeedSequence (0.5 against 11 us), and seeding runs
+it is ~20x cheaper than building a SeedSequence (0.5 against 11 us, docs/performance.md), and seeding runs
 once per batch in the worker's hot path.
 """
 
@@ -145,7 +145,7 @@ def seed_globals(seed: int, epoch: int, position: int, rank: int = 0) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         # The CPU generator only: torch.manual_seed() also visits every accelerator
-        # backend and costs ~170 us, more than the rest of the batch's bookkeeping.
+        # backend and costs ~170 us (docs/performance.md), more than the rest of the batch's bookkeeping.
         # 63 bits, as torch's own seeds: torch.initial_seed() then fits in an int64, so a
         # sample holding it can be batched. Still a pure function of the batch.
         torch.default_generator.manual_seed(value & TORCH_SEED_MASK)

@@ -48,6 +48,15 @@ def shm_free_bytes() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def default_max_shm_bytes() -> tuple[int, str]:
+    """The free space of /dev/shm, at most half the machine's memory, and where it came from."""
+    half_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    free = shm_free_bytes()
+    if free is not None and free < half_ram:
+        return free, "the free space of /dev/shm when the workers started"
+    return half_ram, "half of this machine's memory"
+
+
 def _shortage(size: int, cause: OSError) -> SharedMemoryError:
     free = shm_free_bytes()
     free_text = f"{format_bytes(free)} are free" if free is not None else f"{SHM_DIR} is not available"

@@ -137,7 +137,7 @@ class _PerWorker:
 
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode):
-        _platform.check_supported()
+        _platform.check_supported(num_workers)
         if multiprocessing.current_process().daemon:
             raise ShmloadError(
                 "this loader cannot start worker processes: it runs inside a daemonic process (for example "

@@ -35,18 +35,18 @@ from collections import deque
 from multiprocessing import reduction
 from typing import Any, Callable, NamedTuple
 
-from . import collate as _collate
-from . import counters
-from . import layout as _layout
-from . import seeding
-from .errors import RemoteError, WorkerError
+from . import rowwise, seeding
+from .batcher import Plan
 from .channel import Inbox
-from .fetch import check_indices, fetch
+from .collate import write
+from .errors import RemoteError, WorkerError
+from .layout import Layout, ObjectValue, slot_destination
+from .loading import ENDED, BatchSource, BatchTimer, load_batch
+from .profiler import counters
 from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
 from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign,
                        Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
 from .shm import AttachedSegment
-from .stream import MIN_SAMPLE_BYTES, StreamedBatch
 
 WATCHDOG_INTERVAL = 0.5
 _clock = time.perf_counter
@@ -142,19 +142,20 @@ class _WorkerLoop:
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
         self.last_layout: tuple[Any, bytes] = (None, b"")  # see pickled_layout()
-        # The profiler (counters.py): this worker's row of the board, and the current
-        # batch's seconds in the dataset and in collate, and its bytes.
+        # The profiler (profiler/counters.py): this worker's row of the board, and the
+        # figures of the batch at hand, recorded once (see record()).
         self.board: AttachedSegment | None = None
         self.recorder: counters.Recorder | None = None
-        self.fetch_s = self.collate_s = 0.0
-        self.nbytes = 0
-        self.recording: tuple[Task, float, float] | None = None  # the batch being loaded, see record()
-        self.samples = 0  # samples in the batch being loaded
+        self.timer = BatchTimer()
+        self.recording = False
         self.stream: Stream | None = None  # an iterable source's (iterable.py)
+        self.source: BatchSource | None = None  # what batches are loaded from (loading.py), once started
+        self.task: Task | None = None  # the task at hand, and the slot it is to be written into
+        self.slot: SlotRef | None = None
         self.torch_info = False  # has torch's get_worker_info() been told about this worker?
         self.inbox = Inbox(self.conn.fileno())
         # One poll object for the worker's life: Connection.poll() builds a selector per
-        # call, ~10 us a batch.
+        # call, ~10 us a batch (docs/performance.md).
         self.poller = select.poll()
         self.poller.register(self.inbox.sock.fileno(), select.POLLIN)
 
@@ -172,6 +173,8 @@ class _WorkerLoop:
                 self.user.worker_init_fn(a.worker_id)
             if is_iterable_source(self.user.dataset):
                 self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
+            self.source = BatchSource(self.user.dataset, self.user.collate_fn, a.auto_batch, a.seed, a.rank,
+                                      self.stream, a.worker_id, a.num_workers)
         except Exception as exc:
             self.send(StartupFailed(a.worker_id, RemoteError.capture(exc)))
             return False
@@ -214,7 +217,7 @@ class _WorkerLoop:
             waited_from = _clock()
             msg = self.backlog.popleft() if self.backlog else self.recv()
             if type(msg) is Task:
-                self.load_recorded(msg, waited_from)
+                self.load(msg, waited_from)
             elif type(msg) is Shutdown:
                 return
             else:
@@ -246,162 +249,86 @@ class _WorkerLoop:
                 self.control(msg)
 
     # ------------------------------------------------------------ the data path
-    def load_recorded(self, task: Task, waited_from: float) -> None:
-        """Load ``task`` and add its times to this worker's counters (about 2 us)."""
-        self.fetch_s = self.collate_s = 0.0
-        self.nbytes = self.samples = 0
-        self.recording = (task, waited_from, _clock())
+    def load(self, task: Task, waited_from: float) -> None:
+        """Load ``task`` into its slot and report it; its figures go to this worker's
+        counters (about 1.5 us a batch with the clock readings, docs/performance.md)."""
+        self.timer.begin(task.seq, waited_from)
+        self.recording = True
+        self.task, self.slot = task, task.slot
         try:
-            self.load(task)
+            self.load_and_report(task)
         finally:
             self.record()  # if no result was sent (an abandoned epoch's batch)
+            self.task = self.slot = None
 
-    def record(self) -> None:
-        """Add the batch being loaded to the counters. Called just before its result is
-        sent, so the counters already hold a batch when the main process sees it, and
-        nothing is lost when the worker is stopped right after its last result."""
-        if self.recording is None or self.recorder is None:
-            return
-        task, waited_from, started = self.recording
-        self.recording = None
-        self.recorder.batch(task.seq, waited_from, started, self.fetch_s, self.collate_s, _clock(), self.samples,
-                            self.nbytes)
-
-    def load(self, task: Task) -> None:
-        a, user = self.args, self.user
-        if type(task.indices) is Draw:
-            self.load_draw(task)
-            return
-        self.samples = len(task.indices) if a.auto_batch else 1
-        written = False
-        try:
-            seeding.seed_globals(a.seed, task.epoch, task.seq, a.rank)
-            if self.streams(task):
-                streamed = self.load_streamed(task)
-                if streamed is None:
-                    return  # its epoch was abandoned while it waited for a slot
-                plan, written = streamed
-            else:
-                t0 = _clock()
-                samples = fetch(user.dataset, task.indices, a.auto_batch)
-                t1 = _clock()
-                plan = _collate.make_plan(samples, task.indices, user.collate_fn, a.auto_batch)
-                self.fetch_s, self.collate_s = t1 - t0, _clock() - t1
-        except Exception as exc:
-            self.fail(task.iteration, task.seq, exc)
-            return
-        if written:
-            self.done(task.iteration, task.seq, plan)
-        else:
-            self.place(task.iteration, task.seq, plan, task.slot)
-
-    def load_draw(self, task: Task) -> None:
-        """Load the next batch of this worker's stream (an iterable source)."""
-        a, draw = self.args, task.indices
-        if not self.torch_info:
+    def load_and_report(self, task: Task) -> None:
+        src, load = self.source, task.load
+        draw = type(load) is Draw
+        if draw and not self.torch_info:
             self.share_info_with_torch()
-        stream = self.stream
+        by_rows = self.load_rowwise if not draw and rowwise.applies(
+            src.dataset, src.collate_fn, src.auto_batch, load) else None
+        point = None
         try:
-            t0 = _clock()
-            samples = stream.draw(task.iteration, draw, lambda n: seeding.seed_globals(
-                a.seed, task.epoch, seeding.stream_position(n, a.worker_id, a.num_workers), a.rank))
-            if samples is None:
-                self.recording = None  # no batch: the profiler does not count it
+            plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows)
+            if plan is ENDED:
+                self.recording = False  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))
                 return
-            point = stream.point()
-            t1 = _clock()
-            self.samples = len(samples) if a.auto_batch else 1
-            plan = _collate.make_plan(samples, None, self.user.collate_fn, a.auto_batch)
-            self.fetch_s, self.collate_s = t1 - t0, _clock() - t1
+            if plan is None:
+                return  # its epoch was abandoned while it waited for a slot
+            if draw:
+                point = self.stream.point()
         except Exception as exc:
-            self.fail(task.iteration, task.seq, exc, stream.point(failed=True))
+            self.fail(task, exc, self.stream.point(failed=True) if draw else None)
             return
-        self.place(task.iteration, task.seq, plan, task.slot, point)
+        self.place(task, plan, point)
 
-    def streams(self, task: Task) -> bool:
-        """May this batch be fetched and written one sample at a time (see stream.py)?"""
-        user = self.user
-        return (self.args.auto_batch and user.collate_fn is None and len(task.indices) > 0
-                and not hasattr(user.dataset, "__getitems__"))
+    def load_rowwise(self, indices: Any, timer: BatchTimer) -> Plan | None:
+        """The batch written row by row into its slot as it is fetched (rowwise.py)."""
+        return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space)
 
-    def load_streamed(self, task: Task) -> tuple[_layout.Plan, bool] | None:
-        """The batch's plan, and whether it is written already: streamed into its slot, or,
-        if its samples are small, fetched whole and planned the default way (reusing what
-        sample 0 told). None if the epoch was abandoned while waiting for a slot.
+    def slot_space(self, nbytes: int) -> Any:
+        """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,
+        or a larger one asked for (None: the epoch was abandoned meanwhile)."""
+        slot = self.slot_for(nbytes)
+        return None if slot is None else self.slot_array(slot)
 
-        The first sample tells the batch's size, so a batch without a (large enough) slot
-        asks for one right then, before fetching the rest: even the batches that size the
-        ring never sit whole in the worker's heap."""
-        dataset, indices = self.user.dataset, task.indices
-        t0 = _clock()
-        check_indices(dataset, indices)
-        first = dataset[indices[0]]
-        t1 = _clock()
-        batch = StreamedBatch(first, indices)
-        if batch.sample_bytes < MIN_SAMPLE_BYTES:
-            t2 = _clock()
-            rest = [dataset[i] for i in indices[1:]]
-            t3 = _clock()
-            plan = batch.plan([first] + rest)
-            self.fetch_s, self.collate_s = (t1 - t0) + (t3 - t2), (t2 - t1) + (_clock() - t3)
-            return plan, False
-        del first
-        self.fetch_s = t1 - t0
-        slot = self.slot_for(task.iteration, task.seq, batch.nbytes, task.slot)
-        if slot is None:
-            return None
-        target = self.slot_array(slot)
-        t2 = _clock()
-        plan = batch.write(_layout.slot_destination(target), self.timed_fetch(indices[1:]))
-        _layout.write(plan, _layout.slot_destination(target))  # the small leaves (Python scalars)
-        self.collate_s = _clock() - t2 - (self.fetch_s - (t1 - t0))  # writing, without the fetches within
-        return plan, True
-
-    def timed_fetch(self, indices: Any) -> Any:
-        """The samples at ``indices``, one at a time, their fetch time added to ``fetch_s``."""
-        dataset = self.user.dataset
-        for i in indices:
-            t = _clock()
-            sample = dataset[i]
-            self.fetch_s += _clock() - t
-            yield sample
-            del sample
-
-    def slot_for(self, iteration: int, seq: int, nbytes: int, slot: SlotRef | None) -> SlotRef | None:
-        """``slot`` if it holds ``nbytes``, else a larger one asked for (None: the epoch
-        was abandoned meanwhile)."""
-        while slot is None or nbytes > slot.capacity:
-            self.send(NeedSpace(iteration, seq, nbytes))
-            slot = self.await_reassign(iteration, seq)
-            if slot is None:
+    def slot_for(self, nbytes: int) -> SlotRef | None:
+        """The batch at hand's slot if it holds ``nbytes``, else a larger one asked for
+        (None: the epoch was abandoned meanwhile)."""
+        task = self.task
+        while self.slot is None or nbytes > self.slot.capacity:
+            self.send(NeedSpace(task.iteration, task.seq, nbytes))
+            self.slot = self.await_reassign(task.iteration, task.seq)
+            if self.slot is None:
                 return None
-        return slot
+        return self.slot
 
     def slot_array(self, slot: SlotRef):
         return self.segments[slot.segment].array[slot.offset:slot.offset + slot.capacity]
 
-    def place(self, iteration: int, seq: int, plan: _layout.Plan, slot: SlotRef | None,
-              stream: StreamPoint | None = None) -> None:
+    def place(self, task: Task, plan: Plan, point: StreamPoint | None) -> None:
         """Write the batch into its slot and report it, or ask for a larger slot. (A
-        stream's batch waits here for a larger slot too: it cannot be read again.)"""
+        stream's batch waits here for a larger slot too: it cannot be read again.) Leaves
+        written already (row by row) have no source in ``plan`` and are skipped."""
         if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
-            self.done(iteration, seq, plan, stream)
+            self.done(task, plan, point)
             return
-        slot = self.slot_for(iteration, seq, plan.layout.nbytes, slot)
+        slot = self.slot_for(plan.layout.nbytes)
         if slot is None:
             return  # its epoch was abandoned
-        t = _clock()
+        self.timer.to_other()
         try:
-            _layout.write(plan, _layout.slot_destination(self.slot_array(slot)))
+            write(plan, slot_destination(self.slot_array(slot)))
         except Exception as exc:
-            self.fail(iteration, seq, exc, stream)
+            self.timer.to_collate()
+            self.fail(task, exc, point)
             return
-        finally:
-            self.collate_s += _clock() - t
-        self.done(iteration, seq, plan, stream)
+        self.timer.to_collate()
+        self.done(task, plan, point)
 
-    def done(self, iteration: int, seq: int, plan: _layout.Plan, stream: StreamPoint | None = None) -> None:
+    def done(self, task: Task, plan: Plan, point: StreamPoint | None) -> None:
         try:
             layout = self.pickled_layout(plan.layout)
         except Exception as exc:
@@ -409,17 +336,25 @@ class _WorkerLoop:
                 raise WorkerError("the batch holds a value that cannot be pickled to the main process "
                                   f"(only arrays go through shared memory; other leaves are pickled): {exc}") from exc
             except WorkerError as err:
-                self.fail(iteration, seq, err, stream)
+                self.fail(task, err, point)
             return
-        self.nbytes = plan.layout.nbytes
+        self.timer.nbytes = plan.layout.nbytes
         self.record()
-        self.send(Done(iteration, seq, layout, stream))
+        self.send(Done(task.iteration, task.seq, layout, point))
 
-    def pickled_layout(self, layout: _layout.Layout) -> bytes:
+    def record(self) -> None:
+        """Add the batch at hand to the counters, once. Called just before its result is
+        sent, so the counters already hold a batch when the main process sees it, and
+        nothing is lost when the worker is stopped right after its last result."""
+        if self.recording and self.recorder is not None:
+            self.timer.record(self.recorder)
+        self.recording = False
+
+    def pickled_layout(self, layout: Layout) -> bytes:
         """The layout's pickle, reused while batches keep the same layout. Only layouts of
         arrays alone are compared: object leaves hold the user's values, whose ``==`` may
         be expensive or not a plain bool."""
-        if any(type(leaf) is _layout.ObjectValue for leaf in layout.leaves):
+        if any(type(leaf) is ObjectValue for leaf in layout.leaves):
             return bytes(reduction.ForkingPickler.dumps(layout))
         if layout == self.last_layout[0]:
             return self.last_layout[1]
@@ -427,10 +362,10 @@ class _WorkerLoop:
         self.last_layout = (layout, data)
         return data
 
-    def fail(self, iteration: int, seq: int, exc: BaseException, stream: StreamPoint | None = None) -> None:
+    def fail(self, task: Task, exc: BaseException, point: StreamPoint | None = None) -> None:
         error = RemoteError.capture(exc)
         self.record()
-        self.send(Failed(iteration, seq, error, stream))
+        self.send(Failed(task.iteration, task.seq, error, point))
 
     def close(self) -> None:
         for seg in self.segments.values():

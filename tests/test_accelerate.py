@@ -85,7 +85,7 @@ def test_the_adapter_pickles_as_the_loader_it_wraps():
 
     import shmload
     from shmload.integrations import for_accelerate
-    from shmload.synthetic import SyntheticRegression
+    from shmload.tools.synthetic import SyntheticRegression
     wrapped = for_accelerate(shmload.DataLoader(SyntheticRegression(12), batch_size=4, seed=3))
     copy = pickle.loads(pickle.dumps(wrapped))
     assert type(copy) is type(wrapped) and copy.loader.seed == 3 and len(copy) == 3

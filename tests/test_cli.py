@@ -2,7 +2,7 @@
 the fix and exit status 2, tracebacks only with ``--debug`` or ``SHMLOAD_DEBUG=1``, and
 every option's help says what it does and its default.
 
-Most tests call ``shmload.cli.main([...])`` (the console script's entry); a few run the
+Most tests call ``shmload.tools.cli.main([...])`` (the console script's entry); a few run the
 installed ``shmload`` script and ``python -m shmload`` in a child process.
 """
 
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from shmload.cli import build_parser, contention_warning, describe_exception, main
-from shmload.stats import LoaderStats, MainStats, WorkerStats
+from shmload.tools.cli import build_parser, contention_warning, describe_exception, main
+from shmload.profiler.stats import LoaderStats, MainStats, WorkerStats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "shmload")

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 import shmload
-from shmload import Batched, CollateError, DataLoader, ImageDecodeError, ShmloadWarning, default_collate, synthetic
+from shmload import Batched, CollateError, DataLoader, ImageDecodeError, ShmloadWarning, default_collate
+from shmload.tools import synthetic
 from shmload.datasets import ArrayDataset, ImageFolder
 from shmload.transforms import train_pipeline
 

@@ -16,7 +16,7 @@ import pytest
 from shmload import BatchSampler, DataLoader, RandomSampler
 
 from .helpers import AugmentedDataset
-from .resume_contract import flatten, run
+from shmload.testing import flatten, run
 
 
 def epoch_order(loader):

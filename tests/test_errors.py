@@ -160,3 +160,16 @@ class NestedLoaderDataset(RangeDataset):
 def test_a_loader_with_workers_inside_a_worker_gets_a_clear_error():
     with pytest.raises(shmload.ShmloadError, match=r"runs inside a daemonic process .*Use num_workers=0"):
         list(DataLoader(NestedLoaderDataset(2), batch_size=1, num_workers=1))
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
+def test_worker_processes_are_refused_off_linux_with_what_to_do(monkeypatch, platform):
+    monkeypatch.setattr("sys.platform", platform)
+    with pytest.raises(shmload.ShmloadError, match=rf"num_workers=2: shmload's worker processes run on Linux only "
+                                                   rf".*this is '{platform}'\. Use num_workers=0 here"):
+        DataLoader(RangeDataset(8), batch_size=4, num_workers=2)
+    loader = DataLoader(RangeDataset(8), batch_size=4)  # in-process loading works anywhere
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    loader.num_workers = 2  # a setting changed later is refused at the next iter()
+    with pytest.raises(shmload.ShmloadError, match="run on Linux only"):
+        iter(loader)

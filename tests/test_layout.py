@@ -8,6 +8,7 @@ import pytest
 
 from shmload import CollateError, default_collate
 from shmload import layout as L
+from shmload import collate as C
 
 from .helpers import Pair
 
@@ -49,9 +50,9 @@ def test_ordered_dict_type_is_kept():
 def plan_and_write(samples, indices=None):
     """What a worker does with a batch: plan it, then write it into a slot. Some checks of
     the fast path happen in the write (see layout._transpose), so errors are checked here."""
-    plan = L.plan_stack(samples, indices)
+    plan = C.plan_stack(samples, indices)
     slot = np.zeros(plan.layout.nbytes + L.ALIGN, np.uint8)
-    L.write(plan, L.slot_destination(slot))
+    C.write(plan, L.slot_destination(slot))
     return plan, slot
 
 
@@ -91,7 +92,7 @@ def test_empty_batch_is_refused():
 
 
 def test_slot_layout_is_aligned_and_packed():
-    plan = L.plan_stack([(np.zeros(3, np.uint8), np.zeros(5, np.float64))] * 2)
+    plan = C.plan_stack([(np.zeros(3, np.uint8), np.zeros(5, np.float64))] * 2)
     specs = [leaf for leaf in plan.layout.leaves if type(leaf) is L.ArraySpec]
     assert [s.offset % L.ALIGN for s in specs] == [0, 0]
     assert specs[0].offset == 0 and specs[1].offset == 64
@@ -100,9 +101,9 @@ def test_slot_layout_is_aligned_and_packed():
 
 def test_write_into_a_buffer_then_build_views_round_trips():
     samples = [{"x": np.arange(6, dtype=np.int32).reshape(2, 3) + i, "y": i, "s": str(i)} for i in range(4)]
-    plan = L.plan_stack(samples)
+    plan = C.plan_stack(samples)
     slot = np.zeros(plan.layout.nbytes + 100, np.uint8)
-    L.write(plan, L.slot_destination(slot))
+    C.write(plan, L.slot_destination(slot))
     batch = L.build(plan.layout, L.slot_destination(slot))
     expected = default_collate(samples)
     np.testing.assert_array_equal(batch["x"], expected["x"])
@@ -112,8 +113,8 @@ def test_write_into_a_buffer_then_build_views_round_trips():
 
 
 def test_convert_mode_keeps_arrays_and_passes_other_leaves_through():
-    plan = L.plan_convert({"a": np.ones((2, 2)), "n": 3, "f": 1.5})
-    batch = L.build_local(plan)
+    plan = C.plan_convert({"a": np.ones((2, 2)), "n": 3, "f": 1.5})
+    batch = C.build_local(plan)
     assert batch["n"] == 3 and type(batch["n"]) is int and batch["f"] == 1.5
     assert batch["a"].shape == (2, 2)
 
@@ -153,15 +154,15 @@ def _batches_for_fast_path():
 @pytest.mark.parametrize("name", list(_batches_for_fast_path()))
 def test_fast_path_plans_and_writes_exactly_what_the_reference_does(name):
     samples = _batches_for_fast_path()[name]
-    fast, slow = L.plan_stack(samples), L._plan_stack_slowly(samples, None)
+    fast, slow = C.plan_stack(samples), C._plan_stack_slowly(samples, None)
     assert fast.layout == slow.layout
     outputs = []
     for plan in (fast, slow):
         buf = np.full(plan.layout.nbytes + 64, 7, np.uint8)
-        L.write(plan, L.slot_destination(buf))
+        C.write(plan, L.slot_destination(buf))
         outputs.append(buf)
     np.testing.assert_array_equal(outputs[0], outputs[1])
-    expected = L.build_local(slow)
+    expected = C.build_local(slow)
     got = L.build(fast.layout, L.slot_destination(outputs[0]))
     assert repr(got) == repr(expected)
 
@@ -189,19 +190,19 @@ def test_mismatches_get_the_reference_error_whichever_path_runs(bad, pattern):
 
 
 def test_a_write_failing_for_another_reason_keeps_its_own_error():
-    plan = L.plan_stack([np.zeros(3), np.zeros(3)])
+    plan = C.plan_stack([np.zeros(3), np.zeros(3)])
     with pytest.raises(ValueError, match="could not broadcast|output array|shape"):
-        L.write(plan, lambda spec: np.zeros(5))  # a destination of the wrong size
+        C.write(plan, lambda spec: np.zeros(5))  # a destination of the wrong size
 
 
 def test_common_batches_take_the_fast_path_and_unusual_ones_the_reference(monkeypatch):
     calls = []
-    slow = L._plan_stack_slowly
-    monkeypatch.setattr(L, "_plan_stack_slowly", lambda s, i: calls.append(1) or slow(s, i))
+    slow = C._plan_stack_slowly
+    monkeypatch.setattr(C, "_plan_stack_slowly", lambda s, i: calls.append(1) or slow(s, i))
     took_slow_path = {}
     for name, samples in _batches_for_fast_path().items():
         calls.clear()
-        L.plan_stack(samples)
+        C.plan_stack(samples)
         took_slow_path[name] = bool(calls)
     assert [n for n, slow_ in took_slow_path.items() if slow_] == ["numpy scalars (slow path)",
                                                                   "tuple subclass (slow path)"]

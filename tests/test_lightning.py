@@ -81,7 +81,7 @@ TORCH_SAMPLER_FIT = """
 import sys, warnings
 sys.path.insert(0, "examples")
 import pytorch_lightning as pl, torch, shmload
-from shmload.synthetic import SyntheticRegression
+from shmload.tools.synthetic import SyntheticRegression
 import lightning_train as example
 dataset = SyntheticRegression(32)
 sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=1, rank=0, seed=0)

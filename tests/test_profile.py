@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import shmload
-from shmload import counters
+from shmload.profiler import counters
 from shmload.errors import OptionalDependencyError
-from shmload.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
-from shmload.stats import (DatasetInfo, LoaderStats, MainStats, WorkerStats, describe_dataset, diagnose, format_rate,
+from shmload.profiler.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
+from shmload.profiler.diagnosis import diagnose
+from shmload.profiler.stats import (DatasetInfo, LoaderStats, MainStats, WorkerStats, describe_dataset, format_rate,
                            format_size)
 
 from .helpers import SleepyCollate, SleepyDataset
@@ -178,7 +179,7 @@ def test_describe_dataset_knows_image_datasets_and_their_transforms(tmp_path):
     from PIL import Image
 
     from shmload.datasets import ArrayDataset, ImageFolder
-    from shmload.synthetic import SyntheticImages
+    from shmload.tools.synthetic import SyntheticImages
     from shmload.transforms import train_pipeline
 
     os.makedirs(tmp_path / "cat")

@@ -1,6 +1,6 @@
 """Exact resume: ``state_dict()`` in the middle of an epoch, a new loader with any
 ``num_workers``, ``load_state_dict()``, and the rest is bit-identical to an
-uninterrupted run, augmentation included (the contract: tests/resume_contract.py)."""
+uninterrupted run, augmentation included (the contract: shmload.testing)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler, ShmloadWarning
-from shmload.resume import BatchProgress
+from shmload.progress import BatchProgress
 
 from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
-from .resume_contract import assert_resumes_exactly, flatten, run
+from shmload.testing import assert_resumes_exactly, flatten, run
 
 
 class SeededSampler:

@@ -16,15 +16,15 @@ class FakeSegment:
         self.closed = True
 
 
-def make_ring(min_slots=3, max_bytes=1 << 30):
+def make_ring(target_slots=3, max_bytes=1 << 30):
     events = []
-    ring = Ring(FakeSegment, min_slots, max_bytes,
+    ring = Ring(FakeSegment, target_slots, max_bytes,
                 on_attach=lambda s: events.append(("attach", s.id)),
                 on_detach=lambda s: events.append(("detach", s.id)))
     return ring, events
 
 
-def test_first_sizing_creates_min_slots_of_page_rounded_size():
+def test_first_sizing_creates_target_slots_of_page_rounded_size():
     ring, events = make_ring()
     assert ring.take() is None and ring.slot_bytes == 0
     ring.grow_capacity(100)
@@ -35,17 +35,17 @@ def test_first_sizing_creates_min_slots_of_page_rounded_size():
 
 
 def test_the_target_may_depend_on_the_slot_size_and_growth_follows_it():
-    ring, _ = make_ring(min_slots=lambda slot_bytes: 6 if slot_bytes <= PAGE else 3)
+    ring, _ = make_ring(target_slots=lambda slot_bytes: 6 if slot_bytes <= PAGE else 3)
     ring.grow_capacity(100)
-    assert ring.min_slots == 6 and ring.num_slots == 6
+    assert ring.target_slots == 6 and ring.num_slots == 6
     ring.add_slots()  # past the target: as many again, for batches the consumer holds
     assert ring.num_slots == 12
     ring.grow_capacity(2 * PAGE)  # larger slots: their own target, plus the 6 added for held batches
-    assert ring.min_slots == 3 and ring.num_slots == 9 and ring.slot_bytes == 2 * PAGE
+    assert ring.target_slots == 3 and ring.num_slots == 9 and ring.slot_bytes == 2 * PAGE
 
 
 def test_a_slot_is_only_reused_after_release():
-    ring, _ = make_ring(min_slots=1)
+    ring, _ = make_ring(target_slots=1)
     ring.grow_capacity(10)
     slot = ring.take()
     assert ring.take() is None
@@ -58,13 +58,13 @@ def test_a_slot_is_only_reused_after_release():
 
 
 def test_capacity_growth_retires_old_slots_when_they_come_back():
-    ring, events = make_ring(min_slots=2)
+    ring, events = make_ring(target_slots=2)
     ring.grow_capacity(PAGE)
     busy = ring.take()
     ring.grow_capacity(3 * PAGE)
     assert ring.slot_bytes >= 3 * PAGE and ring.num_slots == 2
     # the free old slot was dropped at once; the busy one keeps segment 0 alive
-    assert ring.counts() == {"free": 2, "assigned": 1, "ready": 0, "held": 0}
+    assert ring.counts() == {"free": 2, "filling": 1, "ready": 0, "held": 0}
     assert ("detach", 0) not in events
     ring.release(busy)
     assert ("detach", 0) in events and ring.nbytes == 2 * ring.slot_bytes
@@ -72,14 +72,14 @@ def test_capacity_growth_retires_old_slots_when_they_come_back():
 
 
 def test_growth_is_geometric():
-    ring, _ = make_ring(min_slots=1)
+    ring, _ = make_ring(target_slots=1)
     ring.grow_capacity(100 * PAGE)
     ring.grow_capacity(100 * PAGE + 1)
     assert ring.slot_bytes >= 125 * PAGE
 
 
 def test_add_slots_doubles_within_the_bound():
-    ring, _ = make_ring(min_slots=2, max_bytes=5 * PAGE)
+    ring, _ = make_ring(target_slots=2, max_bytes=5 * PAGE)
     ring.grow_capacity(PAGE)
     ring.add_slots()
     assert ring.num_slots == 4
@@ -92,11 +92,11 @@ def test_add_slots_doubles_within_the_bound():
 
 
 def test_capacity_growth_takes_as_many_larger_slots_as_fit_and_counts_pinned_segments():
-    ring, _ = make_ring(min_slots=2, max_bytes=4 * PAGE)
+    ring, _ = make_ring(target_slots=2, max_bytes=4 * PAGE)
     ring.grow_capacity(PAGE)
     ring.grow_capacity(3 * PAGE)  # the old slots were all free: one larger slot fits
     assert ring.num_slots == 1 and ring.nbytes == 3 * PAGE
-    ring, _ = make_ring(min_slots=2, max_bytes=4 * PAGE)
+    ring, _ = make_ring(target_slots=2, max_bytes=4 * PAGE)
     ring.grow_capacity(PAGE)
     ring.take()  # one busy slot keeps the whole old segment (2 pages) mapped
     with pytest.raises(RingFullError, match=r"grow its slots to 12.0 KiB .*needs 20.0 KiB .*bound of 16.0 KiB"):
@@ -114,8 +114,8 @@ def test_release_after_close_is_ignored():
 
 
 def test_filling_to_the_target_takes_a_logarithmic_number_of_segments():
-    ring, made = make_ring(min_slots=514)
+    ring, made = make_ring(target_slots=514)
     ring.grow_capacity(PAGE, count=1)  # the first batch's sizing: one slot
-    while ring.num_slots < ring.min_slots:
+    while ring.num_slots < ring.target_slots:
         ring.add_slots()
     assert ring.num_slots == 514 and len(ring.segments()) <= 11

@@ -18,7 +18,10 @@ import pytest
 
 from shmload import CollateError, DataLoader, DeferredArray, default_collate
 from shmload import layout as L
-from shmload.stream import StreamedBatch
+from shmload import collate as C
+from shmload.promotion import promote_types
+from shmload.batcher import RowwiseTypeMismatch
+from shmload.rowwise import RowwiseBatch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -179,9 +182,9 @@ def test_a_container_that_cannot_be_copied_falls_back_to_list_or_dict_as_in_torc
 
 def test_batch_size_none_can_turn_tuples_into_lists_as_torchs_default_convert():
     sample = ("a", 1, np.zeros(2), Point(np.ones(1), "p"))
-    converted = L.build_local(L.plan_convert(sample, tuple_as_list=True))
+    converted = C.build_local(C.plan_convert(sample, tuple_as_list=True))
     assert type(converted) is list and converted[:2] == ["a", 1] and type(converted[3]) is Point
-    assert type(L.build_local(L.plan_convert(sample))) is tuple  # a collate_fn's result is kept as it is
+    assert type(C.build_local(C.plan_convert(sample))) is tuple  # a collate_fn's result is kept as it is
 
 
 # ---------------------------------------------------------------- without torch: numbers
@@ -257,13 +260,13 @@ def test_mixed_types_in_a_loader_give_torchs_dtypes_with_and_without_workers(num
 
 def test_uniform_batches_keep_the_fast_path_and_mixed_ones_are_planned_at_their_promoted_size(monkeypatch):
     calls = []
-    slow = L._plan_stack_slowly
-    monkeypatch.setattr(L, "_plan_stack_slowly", lambda s, i: calls.append(1) or slow(s, i))
-    L.plan_stack([(np.zeros(64, np.float32), i, float(i)) for i in range(16)])
+    slow = C._plan_stack_slowly
+    monkeypatch.setattr(C, "_plan_stack_slowly", lambda s, i: calls.append(1) or slow(s, i))
+    C.plan_stack([(np.zeros(64, np.float32), i, float(i)) for i in range(16)])
     assert calls == []
     # a dtype differing in an array of ndim >= 1 is caught while planning, not left to the
     # write: the slot must be sized for the promoted dtype
-    plan = L.plan_stack([np.zeros(64, np.float64 if i == 9 else np.float32) for i in range(16)])
+    plan = C.plan_stack([np.zeros(64, np.float64 if i == 9 else np.float32) for i in range(16)])
     assert calls == [1] and plan.layout.nbytes == 16 * 64 * 8 and plan.layout.leaves[0].dtype == np.float64
 
 
@@ -300,21 +303,21 @@ def test_real_mismatches_stay_collate_errors(bad, pattern):
         _plan_and_write(bad)
 
 
-def test_a_streamed_batch_refuses_a_changed_type_with_what_to_do():
-    # Large samples are written into the slot as they arrive (stream.py): sample 0 fixes the dtype.
+def test_a_rowwise_batch_refuses_a_changed_type_with_what_to_do():
+    # Large samples are written into the slot as they arrive (rowwise.py): sample 0 fixes the dtype.
     samples = [{"image": np.zeros((256, 256), np.float64 if i == 2 else np.float32), "label": i} for i in range(4)]
-    batch = StreamedBatch(samples[0], [10, 11, 12, 13])
-    with pytest.raises(L.StreamedTypeMismatch, match=r"field sample\['image'\]: dataset index 12 \(position 2 in "
+    batch = RowwiseBatch(samples[0], [10, 11, 12, 13])
+    with pytest.raises(RowwiseTypeMismatch, match=r"field sample\['image'\]: dataset index 12 \(position 2 in "
                                                      r"the batch\) has an array .*float64.* give every sample the "
                                                      r"same dtype"):
         batch.write(L.slot_destination(np.zeros(batch.nbytes, np.uint8)), iter(samples[1:]))
-    assert issubclass(L.StreamedTypeMismatch, CollateError)
+    assert issubclass(RowwiseTypeMismatch, CollateError)
 
 
 def _plan_and_write(samples):
-    plan = L.plan_stack(samples)
+    plan = C.plan_stack(samples)
     slot = np.zeros(plan.layout.nbytes + L.ALIGN, np.uint8)
-    L.write(plan, L.slot_destination(slot))
+    C.write(plan, L.slot_destination(slot))
     return plan, slot
 
 
@@ -332,7 +335,7 @@ def test_promote_types_is_torchs_for_every_pair_of_shared_dtypes():
             want = np.dtype(str(torch.promote_types(getattr(torch, a), getattr(torch, b))).removeprefix("torch."))
         except RuntimeError:
             want = None
-        assert L.promote_types(np.dtype(a), np.dtype(b)) == want, (a, b)
+        assert promote_types(np.dtype(a), np.dtype(b)) == want, (a, b)
 
 
 @pytest.mark.torch

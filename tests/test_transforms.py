@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shmload import synthetic
+from shmload.tools import synthetic
 from shmload.transforms import (MEAN, STD, CenterCrop, Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop,
                                 Resize, ToCHW, train_pipeline)
 from shmload.transforms import params

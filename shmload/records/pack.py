@@ -15,7 +15,7 @@ from typing import Any
 
 from ..datasets.folder import IMG_EXTENSIONS, ImageFolder
 from ..errors import CommandError
-from ..stats import format_size
+from ..profiler.stats import format_size
 from . import format as fmt
 from .writer import write
 
@@ -72,7 +72,7 @@ example:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..cli import counted
+    from ..tools.cli import counted
 
     cores = os.cpu_count() or 1
     p = sub.add_parser("pack", help="pack an image folder (root/<class>/<image>) into part files with an index",

@@ -1,4 +1,5 @@
-"""Stats: a frozen snapshot of a loader's profile, its table and its diagnosis (pure).
+"""Stats: a frozen snapshot of a loader's profile and its table (pure); its diagnosis is
+``diagnosis.py``.
 
 ``loader.stats()`` builds a :class:`LoaderStats` from the counters (``counters.py``,
 ``profile.py``); everything here works on those numbers alone, so the diagnosis is
@@ -68,8 +69,8 @@ class DatasetInfo:
 def describe_dataset(dataset: Any) -> DatasetInfo:
     """The :class:`DatasetInfo` of a dataset object (only its type and attributes are read;
     an object whose attributes raise is described by its class name alone)."""
-    from .datasets import ImageFolder
-    from .records import RecordDataset
+    from ..datasets import ImageFolder
+    from ..records import RecordDataset
 
     kind = type(dataset)
     stream = not hasattr(kind, "__getitem__")
@@ -246,6 +247,8 @@ class LoaderStats:
 
     # ------------------------------------------------------------ text
     def diagnosis(self) -> str:
+        from .diagnosis import diagnose  # (it reads these classes)
+
         return diagnose(self)
 
     def table(self) -> str:
@@ -303,99 +306,3 @@ def format_table(s: LoaderStats) -> str:
                      f"filling {r.filling:.1f}, ready {r.ready:.1f}, held by the consumer {r.held:.1f} "
                      f"({r.samples} samples)")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- the diagnosis
-_STAGE_ADVICE = {
-    "collate": "collate and the copy into the slot (return fixed-shape, contiguous numpy arrays; avoid a "
-               "collate_fn that builds Python objects or copies twice)",
-    "other": "the loader's own per-batch work (seeding, waiting for a larger ring slot, reporting): pass "
-             "slot_bytes so the ring is sized once, or use larger batches",
-}
-
-
-def stage_advice(stage: str, dataset: DatasetInfo | None) -> str:
-    """What to speed up in ``stage``, naming only what the dataset is known to do."""
-    if stage != "fetch":
-        return _STAGE_ADVICE[stage]
-    d = dataset or DatasetInfo("")
-    if d.images and d.reduced_decode:
-        how = ("image decoding, which shmload.transforms already do at reduced size: store smaller source "
-               "images, or pass fast_decode=True (libjpeg's fast DCT)")
-    elif d.images:
-        how = ("image decoding at full size: decode with shmload.transforms (train_pipeline, RandomResizedCrop, "
-               "Resize), which decode JPEGs at 1/2, 1/4 or 1/8 size when the output allows; or use smaller "
-               "source images")
-    else:
-        how = "do less work per sample; cache what it reads or computes"
-    if not d.batched and not d.stream:
-        how += "; serve whole batches with __getitems__"
-    method = "__iter__" if d.stream else "__getitem__"
-    owner = f"{d.name}." if d.name else "the dataset's "
-    return f"{owner}{method} ({how})"
-
-
-def diagnose(s: LoaderStats) -> str:
-    m = s.main
-    if m.batches == 0:
-        return "diagnosis: no batch delivered in this window yet."
-    stages = s.stage_seconds()
-    busy = sum(stages.values())
-    if not s.workers or busy <= 0:
-        return "diagnosis: no worker time recorded in this window yet."
-    top = max(stages, key=stages.get)
-    share = stages[top] / busy
-    worker_ms, step_ms = 1000 * (s.worker_cost() or 0.0), 1000 * (s.step_cost() or 0.0)
-    util = sum(w.busy for w in s.workers) / max(1e-12, sum(w.busy + w.wait for w in s.workers))
-    needed = s.workers_needed()
-    stage_line = (f"The workers spend {100 * share:.0f}% of their busy time in {top} "
-                  f"({1000 * stages[top] / max(1, sum(w.batches for w in s.workers)):.2f} ms a batch).")
-    inline = s.num_workers == 0
-    parts = []
-    if s.data_bound:
-        parts.append(f"diagnosis: DATA-BOUND. The consumer waits for data {100 * s.stall_fraction:.0f}% of its time "
-                     f"({1000 * m.stall / m.batches:.2f} ms a batch inside next(), against {step_ms:.2f} ms of its "
-                     "own work).")
-        parts.append(stage_line)
-        if inline:
-            want = min(needed or 1, s.cores)
-            parts.append(f"Recommendation: load in worker processes: num_workers={want}. A batch costs "
-                         f"{worker_ms:.2f} ms to load and the step {step_ms:.2f} ms, so keeping up takes about "
-                         f"{needed} workers; {s.cores} cores are usable.")
-            if needed is not None and needed > s.cores:
-                parts.append(f"That is fewer than needed: also speed up {stage_advice(top, s.dataset)}.")
-        elif util >= BUSY_WORKERS:
-            room = s.cores - s.num_workers
-            if needed is not None and needed > s.num_workers and room > 0:
-                want = min(needed, s.cores)
-                parts.append(f"Recommendation: num_workers={want}. The workers are busy {100 * util:.0f}% of the "
-                             f"time; a batch costs a worker {worker_ms:.2f} ms and the consumer {step_ms:.2f} ms, so "
-                             f"keeping up takes about {needed} workers, and {s.cores} cores are usable.")
-                if needed > s.cores:
-                    parts.append(f"That is fewer than the {needed} needed: also speed up "
-                                 f"{stage_advice(top, s.dataset)}.")
-            else:
-                why = (f"{s.num_workers} workers already use the {s.cores} usable cores" if room <= 0 else
-                       f"more workers would not help much (about {needed} needed)")
-                parts.append(f"Recommendation: speed up {stage_advice(top, s.dataset)}. The workers are busy "
-                             f"{100 * util:.0f}% of the time and {why}.")
-        else:
-            parts.append(f"Recommendation: a deeper queue: prefetch_factor={2 * s.prefetch} (now {s.prefetch} tasks "
-                         f"a worker). The workers are busy only {100 * util:.0f}% of the time while the consumer "
-                         "waits, so batches are not handed out fast enough; if that does not help, the main "
-                         "process itself is the limit (larger batches cost it less per sample).")
-    else:
-        parts.append(f"diagnosis: CONSUMER-BOUND. Loading is hidden behind the consumer's own work: it waits for "
-                     f"data only {100 * s.stall_fraction:.0f}% of its time.")
-        parts.append(stage_line)
-        if not inline and needed is not None and needed < s.num_workers:
-            parts.append(f"Recommendation: num_workers={needed} would keep up and free "
-                         f"{s.num_workers - needed} core(s): a batch costs a worker {worker_ms:.2f} ms and the "
-                         f"consumer {step_ms:.2f} ms.")
-        else:
-            parts.append("Recommendation: nothing to change in the loader; speed up the training step itself.")
-    contention = s.contention()
-    if contention:
-        parts.append(f"Caution: {contention} during this window, leaving this loader fewer than it could use: "
-                     "the throughput and the recommendation may be too low; measure again on a quiet machine.")
-    return "\n".join(parts)

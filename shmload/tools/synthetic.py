@@ -1,5 +1,5 @@
 """Synthetic datasets for trying the loader and its profiler without data:
-``shmload profile shmload.synthetic:images``.
+``shmload profile shmload.tools.synthetic:images``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class SyntheticImages:
 
 
 def images(n: int = 4096, size: int = 224) -> SyntheticImages:
-    """The factory ``shmload profile`` imports: ``shmload.synthetic:images``."""
+    """The factory ``shmload profile`` imports: ``shmload.tools.synthetic:images``."""
     return SyntheticImages(n, size)
 
 
@@ -161,9 +161,9 @@ def demo_folder(count: int = DEMO_IMAGES, progress: bool = False) -> str:
 
 
 def imagefolder(count: int = DEMO_IMAGES, size: int = 224, output: str = "uint8-hwc") -> Any:
-    """The image example as a factory for ``shmload profile shmload.synthetic:imagefolder``:
+    """The image example as a factory for ``shmload profile shmload.tools.synthetic:imagefolder``:
     ``ImageFolder`` over the demo's folder with the fused ``train_pipeline``."""
-    from .datasets import ImageFolder
-    from .transforms import train_pipeline
+    from ..datasets import ImageFolder
+    from ..transforms import train_pipeline
 
     return ImageFolder(demo_folder(count, progress=True), transform=train_pipeline(size, output))

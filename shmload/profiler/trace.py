@@ -9,7 +9,7 @@ Tracks:
   held by the consumer, sampled at most every 5 ms.
 * ``worker i (pid N)``: one slice per stage of each batch: ``wait for task``, ``fetch``,
   ``collate``, ``other``. A worker measures each stage's duration exactly, but not where
-  within the batch each piece happened (a streamed batch interleaves fetching and
+  within the batch each piece happened (a row-wise batch interleaves fetching and
   writing sample by sample), so the slices are laid end to end in that order.
 
 Times are microseconds from the start of the profile window. Only the last

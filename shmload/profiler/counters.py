@@ -18,7 +18,7 @@ Row layout (float64 words)::
     | count | batches | samples | bytes | wait | fetch | collate | other | covered |  EVENTS x event  |
 
 Per batch a worker writes one *event* (:data:`EVENT_FIELDS`) and bumps ``count``: one
-``struct.pack_into`` and one word store, about 0.5 us. Event ``k`` lives at
+``struct.pack_into`` and one word store, about 0.6 us (docs/performance.md). Event ``k`` lives at
 ``k % EVENTS`` (the last ``EVENTS`` batches are kept for the trace). Its times come from
 ``time.perf_counter()``, which on Linux is ``CLOCK_MONOTONIC``, the same clock in every
 process, so the main process can lay the workers' events on its own timeline.
@@ -47,7 +47,6 @@ import struct
 import numpy as np
 
 FIELDS = ("batches", "samples", "bytes", "wait", "fetch", "collate", "other", "events")  # what totals() gives
-STAGES = ("wait", "fetch", "collate", "other")
 # seq; when the worker began waiting for the task, when it had it; seconds in fetch and
 # in collate; when the batch was reported; its samples and bytes.
 EVENT_FIELDS = ("seq", "waited_from", "started", "fetch", "collate", "done", "samples", "bytes")

@@ -8,7 +8,7 @@ closes, so ``loader.stats()`` still answers after an epoch whose workers have ex
 
 A *window* starts when the loader is created and again at each :meth:`Profile.reset`;
 counters are cumulative, so a window's figures are today's totals minus those at its
-start. :meth:`Profile.snapshot` turns a window into a frozen :class:`~shmload.stats.LoaderStats`.
+start. :meth:`Profile.snapshot` turns a window into a frozen :class:`~shmload.profiler.stats.LoaderStats`.
 
 The window also reads the machine's CPU time on the usable cores (``/proc/stat``) at
 both ends, so the snapshot can tell the cores' load by other programs from its own.
@@ -20,11 +20,11 @@ import os
 import struct
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ._platform import usable_cpus
+from .._platform import usable_cpus
 from . import counters
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
 
@@ -36,12 +36,25 @@ INLINE = -1  # the worker id of in-process loading (num_workers=0)
 _clock = time.perf_counter
 
 
+class ProfiledSession(Protocol):
+    """What the profile reads of a live session (``session.Session``), and nothing more."""
+
+    closed: bool
+    board: Any  # counters.board(): a row of counters per worker
+
+    def worker_pids(self) -> dict[int, int]:
+        """Worker id -> pid of the live workers."""
+
+    def profile_settings(self) -> tuple[int, int, int, int]:
+        """(num_workers, tasks each worker may hold, ring slots, bytes per slot)."""
+
+
 class ConsumerClock:
-    """Times every ``next()``: about 0.4 us a call.
+    """Times every ``next()``: about 0.6 us a call, its clock readings included (docs/performance.md).
 
     Each delivered batch stores one record in ``calls`` (entered, left, bytes, step) with
     one ``struct.pack_into``; the totals (batches, bytes, stall, step) are summed from the
-    records every :data:`counters.FLUSH <shmload.counters.FLUSH>` calls and on demand, as
+    records every :data:`counters.FLUSH <shmload.profiler.counters.FLUSH>` calls and on demand, as
     the workers' counters are (see ``counters.py``).
 
     ``step`` is the time from one ``next()`` returning to the next one being called: the
@@ -112,12 +125,13 @@ class ConsumerClock:
     def step(self) -> float:
         return self.figures()[3]
 
-    def sample_ring(self, ring: Any) -> None:
+    def sample_ring(self, counts: dict[str, int]) -> None:
+        """Store the ring's slots per state (``ring.Ring.counts()``)."""
         now = _clock()
         self.next_sample = now + OCCUPANCY_INTERVAL
-        c = ring.counts()
+        c = counts
         row = self.occupancy[self.occupancy_count % OCCUPANCY]
-        row[:] = (now, c["free"], c["assigned"], c["ready"], c["held"])
+        row[:] = (now, c["free"], c["filling"], c["ready"], c["held"])
         self.occupancy_count += 1
 
 
@@ -191,10 +205,10 @@ class Profile:
         self._retired_cpu: dict[int, float] = {}  # worker id -> CPU seconds of closed sessions, this window
 
     # ------------------------------------------------------------ sessions
-    def attach(self, session: Any) -> None:
+    def attach(self, session: ProfiledSession) -> None:
         self._sessions.add(session)
 
-    def retire(self, session: Any, cpu: dict[int, tuple[int, float | None]]) -> None:
+    def retire(self, session: ProfiledSession, cpu: dict[int, tuple[int, float | None]]) -> None:
         """A session is closing: keep its workers' counters, events and CPU seconds
         (``cpu``: worker id -> (pid, seconds), read before the workers stopped)."""
         if session not in self._sessions:
@@ -213,7 +227,7 @@ class Profile:
             if seconds is not None:
                 self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
 
-    def _live(self) -> list[Any]:
+    def _live(self) -> list[ProfiledSession]:
         return [s for s in list(self._sessions) if not s.closed]
 
     def _live_cpu(self) -> dict[int, float]:
@@ -248,11 +262,10 @@ class Profile:
         machine, cpu_main = self._cpu_window(cpus, duration)
         totals, base = self._totals(), self._base_totals
         pids: dict[int, int] = {}
-        ring = None
+        ring = None  # (slots, bytes per slot) of the newest live session
         for session in self._live():
             pids.update(session.worker_pids())
-            ring = session.ring
-            num_workers, prefetch = session.cfg.num_workers, session.dispatcher.per_worker
+            num_workers, prefetch, *ring = session.profile_settings()
         live_cpu = self._live_cpu()
         workers = []
         for wid in sorted(totals):
@@ -287,12 +300,12 @@ class Profile:
             return None, main
         return min(machine - self._cpu_machine, len(cpus) * duration), main
 
-    def _ring_stats(self, ring: Any) -> RingStats | None:
+    def _ring_stats(self, ring: list | None) -> RingStats | None:
         if ring is None:
             return None
         occ = self._window(_recent(self.consumer.occupancy, self.consumer.occupancy_count, OCCUPANCY), 0)
         means = occ[:, 1:].mean(axis=0) if len(occ) else np.zeros(4)
-        return RingStats(ring.num_slots, ring.slot_bytes, len(occ), *map(float, means))
+        return RingStats(ring[0], ring[1], len(occ), *map(float, means))
 
     def _window(self, rows: np.ndarray, time_column: int) -> np.ndarray:
         return rows[rows[:, time_column] >= self.started] if len(rows) else rows

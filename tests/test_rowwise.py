@@ -1,4 +1,4 @@
-"""Streaming collate: large samples fetched and written one at a time must give exactly
+"""Row-wise collate: large samples fetched and written one at a time must give exactly
 the default path's batches and errors."""
 
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 
 from shmload import CollateError, DataLoader
 from shmload import layout as L
-from shmload.stream import MIN_SAMPLE_BYTES, StreamedBatch
+from shmload import collate as C
+from shmload.rowwise import MIN_SAMPLE_BYTES, RowwiseBatch
 
 from .helpers import LiveSamplesDataset
 
@@ -17,36 +18,36 @@ def _samples(n, shape=(64, 300)):
              "meta": (f"name{i}", np.int16(i))} for i in range(n)]
 
 
-def test_streamed_batch_writes_the_same_bytes_and_layout_as_the_default_path():
+def test_rowwise_batch_writes_the_same_bytes_and_layout_as_the_default_path():
     samples = _samples(5)
-    reference = L.plan_stack(samples, list(range(5)))
+    reference = C.plan_stack(samples, list(range(5)))
     ref_buf = np.full(reference.layout.nbytes, 0xAB, np.uint8)  # the same padding bytes
-    L.write(reference, L.slot_destination(ref_buf))
+    C.write(reference, L.slot_destination(ref_buf))
 
-    batch = StreamedBatch(samples[0], list(range(5)))
+    batch = RowwiseBatch(samples[0], list(range(5)))
     assert batch.nbytes == reference.layout.nbytes and batch.sample_bytes >= MIN_SAMPLE_BYTES
     buf = np.full(batch.nbytes, 0xAB, np.uint8)
     plan = batch.write(L.slot_destination(buf), iter(samples[1:]))
-    L.write(plan, L.slot_destination(buf))
+    C.write(plan, L.slot_destination(buf))
     assert plan.layout == reference.layout
     np.testing.assert_array_equal(buf, ref_buf)
     built = L.build(plan.layout, L.slot_destination(buf))
     assert built["meta"][0] == tuple(f"name{i}" for i in range(5))  # a field of a tuple sample, as torch's
 
 
-def test_streamed_batch_names_the_first_mismatching_sample():
+def test_rowwise_batch_names_the_first_mismatching_sample():
     samples = _samples(4)
     samples[2]["image"] = samples[2]["image"][:, :299]
-    batch = StreamedBatch(samples[0], [10, 11, 12, 13])
+    batch = RowwiseBatch(samples[0], [10, 11, 12, 13])
     buf = np.zeros(batch.nbytes, np.uint8)
     with pytest.raises(CollateError, match=r"field sample\['image'\]: dataset index 12 \(position 2 in the batch\) "
                                            r"has an array of shape \(64, 299\)"):
         batch.write(L.slot_destination(buf), iter(samples[1:]))
 
 
-def test_streamed_batch_refuses_a_short_batch():
+def test_rowwise_batch_refuses_a_short_batch():
     samples = _samples(3)
-    batch = StreamedBatch(samples[0], [0, 1, 2, 3])
+    batch = RowwiseBatch(samples[0], [0, 1, 2, 3])
     with pytest.raises(RuntimeError, match="expected 4 samples, got 3"):
         batch.write(L.slot_destination(np.zeros(batch.nbytes, np.uint8)), iter(samples[1:]))
 

@@ -1,10 +1,11 @@
-"""Streaming collate: fetch a batch of large samples one at a time, straight into the slot.
+"""Row-wise collate: fetch a batch of large samples one at a time, each written straight into
+its row of the slot.
 
 The default path fetches every sample of a batch, then copies them into the slot. With
 large samples (images of hundreds of KB) that keeps a whole batch alive in the worker's
 heap, and malloc hands blocks that large back to the kernel when they are freed, so the
 next batch's samples land on fresh pages: the worker pays a page fault per 4 KiB and its
-copies run at fresh-memory speed (measured: 16.6 ms to fetch 32 samples of 786 KB,
+copies run at fresh-memory speed (measured, docs/performance.md: 16.6 ms to fetch 32 samples of 786 KB,
 6,100 faults, against 3.6 ms fetching and writing them one at a time).
 
 Here sample 0 fixes the layout (structure, shapes and dtypes, and the batch size, which
@@ -16,7 +17,8 @@ the cache, and the batch in the slot is byte for byte what the default path writ
 Used only when it cannot change the outcome: the default collate, automatic batching,
 no ``__getitems__``, and sample 0's arrays of at least :data:`MIN_SAMPLE_BYTES`. Since
 sample 0 tells the batch's size, a worker without a large enough slot asks for one
-before fetching the rest (``worker.py``), so even the batches that size the ring stream.
+before fetching the rest (:func:`load_rowwise`), so even the batches that size the ring
+are written row by row.
 """
 
 from __future__ import annotations
@@ -25,18 +27,72 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .layout import ArraySpec, Plan, _Batcher, _plan_stack_after_first, write_one
+from .batcher import Batcher, Plan
+from .collate import plan_stack_after_first, write_one
+from .fetch import check_indices
+from .layout import ArraySpec, slot_destination
 
 # Below this, fetching the whole batch first costs nothing worth avoiding, and the
-# column-at-a-time fast path of ``layout.plan_stack`` is quicker than going sample by sample.
+# column-at-a-time fast path of ``collate.plan_stack`` is quicker than going sample by sample.
 MIN_SAMPLE_BYTES = 64 * 1024
 
 
-class StreamedBatch:
+def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any) -> bool:
+    """May this batch be written row by row? Only where that cannot change the outcome:
+    the default collate of a batch of indices, by ``__getitem__`` (the sample size is
+    checked later, by :func:`load_rowwise`)."""
+    return auto_batch and collate_fn is None and len(indices) > 0 and not hasattr(dataset, "__getitems__")
+
+
+def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
+                 space: Callable[[int], np.ndarray | None]) -> Plan | None:
+    """Load the batch at ``indices``: its plan, with its arrays written already into
+    ``space(nbytes)`` (the slot, as a uint8 array; None if the batch was given up while
+    waiting for one: then so is this call, None). If its samples are small, they are
+    fetched whole and planned the default way instead (reusing what sample 0 told), and
+    nothing is written yet. ``timer`` is the batch's ``loading.BatchTimer``.
+
+    The first sample tells the batch's size, so a batch without a (large enough) slot
+    asks for one right then, before fetching the rest: even the batches that size the
+    ring never sit whole in the worker's heap."""
+    check_indices(dataset, indices)
+    first = dataset[indices[0]]
+    timer.to_fetch()
+    batch = RowwiseBatch(first, indices)
+    if batch.sample_bytes < MIN_SAMPLE_BYTES:
+        timer.to_collate()
+        rest = [dataset[i] for i in indices[1:]]
+        timer.to_fetch()
+        plan = batch.plan([first] + rest)
+        timer.to_collate()
+        return plan
+    del first
+    timer.to_collate()
+    target = space(batch.nbytes)
+    if target is None:
+        return None
+    timer.to_other()  # the wait for a slot
+    plan = batch.write(slot_destination(target), _fetched(dataset, indices[1:], timer))
+    timer.to_collate()
+    return plan
+
+
+def _fetched(dataset: Any, indices: Sequence[Any], timer: Any) -> Iterable[Any]:
+    """The samples at ``indices``, one at a time; their fetches are timed as fetch, the
+    writing between them as collate."""
+    for i in indices:
+        timer.to_collate()
+        sample = dataset[i]
+        timer.to_fetch()
+        yield sample
+        del sample
+
+
+class RowwiseBatch:
     """The layout a batch will have, known from its first sample."""
 
     def __init__(self, first: Any, indices: Sequence[int]):
-        self._batcher = _Batcher(True, indices)
+        self._batcher = Batcher(True, indices)
         self._structure = self._batcher.first(first, "sample")
         self._specs, self.nbytes = self._batcher.specs(len(indices))
         self._arrays = [i for i, kind in enumerate(self._batcher.kinds) if kind[0] == "array"]
@@ -61,8 +117,8 @@ class StreamedBatch:
 
     def plan(self, samples: list) -> Plan:
         """The default path's plan for ``samples`` (sample 0 first), reusing what sample 0
-        told: for batches whose samples are too small to stream."""
-        return _plan_stack_after_first(self._batcher, self._structure, samples, self._batcher.indices)
+        told: for batches whose samples are too small to write row by row."""
+        return plan_stack_after_first(self._batcher, self._structure, samples, self._batcher.indices)
 
     def _take(self, views: dict[int, np.ndarray], pos: int) -> None:
         """Write sample ``pos``'s arrays (the last entry of each array column) and let go of them."""

@@ -1,21 +1,10 @@
-"""The ``shmload`` command: its parser, how it reports errors, and ``shmload profile``.
+"""``shmload profile``: load the user's dataset, time it with each worker count, print the runs.
 
-The sub-commands are ``profile`` (here), ``demo`` (demo.py) and ``pack`` (records/pack.py).
-
-NOTE [ Command errors ]. A new user's mistakes must read as sentences, not tracebacks:
-
-* A mistake the user can fix (an argument, a path, a ``MODULE:FACTORY`` that does not
-  import or has no such name) and an exception raised by the user's own code (the
-  factory, the dataset's ``__getitem__``, their collate) are a :class:`CommandError`:
-  one line on stderr naming what failed and what to do, exit status 2 (argparse's
-  status for usage errors, which are reported the same way).
-* shmload's own errors (a :class:`~shmload.ShmloadError`, e.g. /dev/shm too small):
-  the first line of the message, which says what to do, exit status 1.
-* Anything else is a bug in shmload: Python's traceback, exit status 1.
-
-``shmload --debug COMMAND ...`` or ``SHMLOAD_DEBUG=1`` prints the traceback (with the
-user's original exception) before the line. :func:`main` returns the exit status, for
-the console script and for tests calling ``main([...])``.
+The command's parser (:func:`add_parser`, as demo.py and records/pack.py have theirs),
+loading the dataset named by ``MODULE:FACTORY`` (:func:`load_factory`), the sweep over
+worker counts (:func:`sweep`) and what it prints (:func:`print_results`). Mistakes and
+exceptions from the user's code become a :class:`CommandError` (:func:`user_code_failed`),
+which cli.py reports on one line: see NOTE [ Command errors ] in cli.py.
 """
 
 from __future__ import annotations
@@ -27,44 +16,17 @@ import importlib.util
 import inspect
 import os
 import sys
-import textwrap
 import time
-import traceback
-from typing import Any, Callable
+from typing import Any
 
-from .errors import CommandError, SharedMemoryError, ShmloadError
-from .loader import DataLoader
-from .stats import LoaderStats, format_size
+from ..errors import CommandError, SharedMemoryError
+from ..loader import DataLoader
+from ..profiler.stats import LoaderStats, format_size
 
 NEAR_BEST = 0.95  # a worker count within this share of the best throughput is good enough
-DEBUG_HELP = ("On an error the command prints one line saying what failed and what to do, and exits with status 2 "
-              "(your command or your code) or 1 (the machine, e.g. /dev/shm too small). For the full Python "
-              "traceback, run 'shmload --debug {command} ...' or set SHMLOAD_DEBUG=1.")
 
 
 # ---------------------------------------------------------------- parsing
-class Parser(argparse.ArgumentParser):
-    """argparse's parser, with a usage error on one line (argparse prints the usage first)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
-
-
-def counted(minimum: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum`` (``what`` names it)."""
-
-    def parse(text: str) -> int:
-        try:
-            value: int | None = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}: a whole number of at least {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _milliseconds(text: str) -> float:
     try:
         value = float(text)
@@ -90,11 +52,64 @@ def _factory_spec(text: str) -> str:
     module_name, sep, attr = text.partition(":")
     if not sep or not module_name or not attr:
         raise argparse.ArgumentTypeError(f"expected MODULE:FACTORY (e.g. mydata:make, ./mydata.py:make or "
-                                         f"shmload.synthetic:images), got {text!r}")
+                                         f"shmload.tools.synthetic:images), got {text!r}")
     return text
 
 
-# ---------------------------------------------------------------- errors
+DESCRIPTION = """\
+Find out whether loading keeps up with training, and how many worker processes
+to use.
+
+Imports your dataset from MODULE:FACTORY, then for each worker count in
+--workers loads --batches batches (after a warm-up of two batches per worker)
+and prints the runs side by side: batches/s, MB/s (10**6 bytes a second), the
+stall (the share of time a training loop would wait for data), how busy the
+workers were, where a batch's time goes (ms/batch), the main process's CPU, the
+memory used (PSS), and the cores other programs used meanwhile. It recommends
+the fewest workers within 5% of the best throughput, and prints that run's full
+profile with a diagnosis.
+
+examples:
+  shmload profile mydata.py:make_dataset --batch-size 64 --workers 1,2,4
+  shmload profile shmload.tools.synthetic:imagefolder     (the demo's JPEG folder)
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    from .cli import counted
+
+    p = sub.add_parser("profile", help="find out whether loading keeps up, and how many workers to use",
+                       description=DESCRIPTION)
+    p.add_argument("factory", metavar="MODULE:FACTORY", type=_factory_spec,
+                   help="where your dataset comes from: a module (importable from the current folder, or the path "
+                        "of a .py file), a colon, and the name of a dataset in it or of a function that returns "
+                        "one when called with no arguments (e.g. mydata:make, ./mydata.py:train_set, "
+                        "shmload.tools.synthetic:images)")
+    p.add_argument("--batch-size", type=counted(1, "samples per batch"), default=64, metavar="N",
+                   help="samples per batch (default: 64)")
+    p.add_argument("--workers", type=_worker_counts, default=[1, 2, 4], metavar="N,N,...",
+                   help="worker counts to compare, separated by commas; 0 loads in this process, without workers "
+                        "(default: 1,2,4)")
+    p.add_argument("--batches", type=counted(1, "batches per run"), default=100, metavar="N",
+                   help="batches timed for each worker count, after the warm-up (default: 100)")
+    p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="MS",
+                   help="milliseconds of simulated training per batch, spent busy on the CPU as a training step "
+                        "would be; 0 times loading alone (default: 0)")
+    p.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
+                   help="how worker processes start: fork copies this process (fastest); spawn and forkserver "
+                        "start fresh interpreters that import your module again (default: fork on Linux)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="also write the recommended run's timeline here, as a Chrome trace: open it in "
+                        "https://ui.perfetto.dev")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="also draw the recommended run's worker utilization and stage times here (needs "
+                        "matplotlib: pip install 'shmload[plot]')")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
+    p.set_defaults(run=cmd_profile)
+    return p
+
+
+# ---------------------------------------------------------------- the user's code failing
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` on one line. An exception a worker raised and the loader re-raised
     (``errors.RemoteError.rebuild``: ``Caught Type in DataLoader worker process 0 while
@@ -114,17 +129,7 @@ def user_code_failed(what: str, exc: BaseException) -> CommandError:
     return CommandError(f"{what} raised {describe_exception(exc)}")
 
 
-def report(command: str, exc: BaseException, status: int, debug: bool) -> int:
-    if debug:
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
-    lines = ["interrupted"] if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines() or [type(exc).__name__]
-    # a cause is the exception the user's code raised; more lines are a traceback in the message
-    more = "; run with --debug for the traceback" if (exc.__cause__ or len(lines) > 1) and not debug else ""
-    print(f"shmload {command}: {lines[0]}{more}", file=sys.stderr)
-    return status
-
-
-# ---------------------------------------------------------------- shmload profile
+# ---------------------------------------------------------------- loading the dataset
 def _exec_file(module_name: str) -> Any:
     path = os.path.abspath(module_name)
     if not os.path.isfile(path):
@@ -200,6 +205,7 @@ def load_factory(spec: str) -> Any:
     return dataset
 
 
+# ---------------------------------------------------------------- the sweep over worker counts
 class Progress:
     """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
 
@@ -252,6 +258,24 @@ def profile_one(dataset: Any, workers: int, args: argparse.Namespace, progress: 
         loader.close()
 
 
+def sweep(dataset: Any, args: argparse.Namespace) -> dict[int, LoaderStats]:
+    """One run for each of ``args.workers``, under one progress bar: the stats by worker count."""
+    progress = Progress(args.batches * len(args.workers), sys.stderr.isatty() and not args.quiet)
+    results: dict[int, LoaderStats] = {}
+    try:
+        for n in args.workers:
+            try:
+                results[n] = profile_one(dataset, n, args, progress)
+            except SharedMemoryError:
+                raise  # the machine's, not the dataset's: see NOTE [ Command errors ] in cli.py
+            except Exception as e:
+                raise user_code_failed(f"loading {args.factory} with num_workers={n}", e) from e
+    finally:
+        progress.close()
+    return results
+
+
+# ---------------------------------------------------------------- what it prints
 def recommend(results: dict[int, LoaderStats]) -> tuple[int, str]:
     """The fewest workers within NEAR_BEST of the best throughput, and why."""
     best = max(results, key=lambda n: results[n].batches_per_second)
@@ -293,31 +317,9 @@ def format_comparison(results: dict[int, LoaderStats]) -> str:
     return "\n".join(lines)
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse, before minutes of profiling, what would fail at the end."""
-    for option, path in (("--trace", args.trace), ("--plot", args.plot)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            raise CommandError(f"{option} {path}: the folder {folder} does not exist; create it or choose another")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise CommandError("--plot needs matplotlib: pip install 'shmload[plot]' (or leave out --plot)")
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    _check_outputs(args)
-    dataset = load_factory(args.factory)
-    progress = Progress(args.batches * len(args.workers), sys.stderr.isatty() and not args.quiet)
-    results: dict[int, LoaderStats] = {}
-    try:
-        for n in args.workers:
-            try:
-                results[n] = profile_one(dataset, n, args, progress)
-            except SharedMemoryError:
-                raise  # the machine's, not the dataset's: see NOTE [ Command errors ]
-            except Exception as e:
-                raise user_code_failed(f"loading {args.factory} with num_workers={n}", e) from e
-    finally:
-        progress.close()
+def print_results(args: argparse.Namespace, dataset: Any, results: dict[int, LoaderStats]) -> None:
+    """The runs side by side, the recommendation, and the recommended run's full profile
+    (and its trace and picture, if asked for)."""
     print(f"shmload profile {args.factory}: {len(dataset)} samples, batch_size={args.batch_size}, "
           f"{args.batches} batches per run, consumer step {args.step_ms:g} ms, "
           f"{results[args.workers[0]].cores} usable cores\n")
@@ -334,100 +336,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.plot:
         results[pick].plot(args.plot)
         print(f"picture of num_workers={pick}: {args.plot}")
-    return 0
-
-
-PROFILE_DESCRIPTION = """\
-Find out whether loading keeps up with training, and how many worker processes
-to use.
-
-Imports your dataset from MODULE:FACTORY, then for each worker count in
---workers loads --batches batches (after a warm-up of two batches per worker)
-and prints the runs side by side: batches/s, MB/s (10**6 bytes a second), the
-stall (the share of time a training loop would wait for data), how busy the
-workers were, where a batch's time goes (ms/batch), the main process's CPU, the
-memory used (PSS), and the cores other programs used meanwhile. It recommends
-the fewest workers within 5% of the best throughput, and prints that run's full
-profile with a diagnosis.
-
-examples:
-  shmload profile mydata.py:make_dataset --batch-size 64 --workers 1,2,4
-  shmload profile shmload.synthetic:imagefolder     (the demo's JPEG folder)
-"""
-
-
-def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("profile", help="find out whether loading keeps up, and how many workers to use",
-                       description=PROFILE_DESCRIPTION)
-    p.add_argument("factory", metavar="MODULE:FACTORY", type=_factory_spec,
-                   help="where your dataset comes from: a module (importable from the current folder, or the path "
-                        "of a .py file), a colon, and the name of a dataset in it or of a function that returns "
-                        "one when called with no arguments (e.g. mydata:make, ./mydata.py:train_set, "
-                        "shmload.synthetic:images)")
-    p.add_argument("--batch-size", type=counted(1, "samples per batch"), default=64, metavar="N",
-                   help="samples per batch (default: 64)")
-    p.add_argument("--workers", type=_worker_counts, default=[1, 2, 4], metavar="N,N,...",
-                   help="worker counts to compare, separated by commas; 0 loads in this process, without workers "
-                        "(default: 1,2,4)")
-    p.add_argument("--batches", type=counted(1, "batches per run"), default=100, metavar="N",
-                   help="batches timed for each worker count, after the warm-up (default: 100)")
-    p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="MS",
-                   help="milliseconds of simulated training per batch, spent busy on the CPU as a training step "
-                        "would be; 0 times loading alone (default: 0)")
-    p.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
-                   help="how worker processes start: fork copies this process (fastest); spawn and forkserver "
-                        "start fresh interpreters that import your module again (default: fork on Linux)")
-    p.add_argument("--trace", metavar="OUT.json",
-                   help="also write the recommended run's timeline here, as a Chrome trace: open it in "
-                        "https://ui.perfetto.dev")
-    p.add_argument("--plot", metavar="OUT.png",
-                   help="also draw the recommended run's worker utilization and stage times here (needs "
-                        "matplotlib: pip install 'shmload[plot]')")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (one is drawn only when stderr is a terminal)")
-    p.set_defaults(run=cmd_profile)
-    return p
 
 
 # ---------------------------------------------------------------- the command
-def build_parser() -> Parser:
-    from .demo import add_parser as add_demo
-    from .records.pack import add_parser as add_pack
-
-    parser = Parser(prog="shmload", description="shmload's command-line tools: try the loader on built-in images "
-                    "(demo), find how many workers your dataset needs (profile), pack an image folder into a few "
-                    "large files (pack). 'shmload COMMAND --help' describes a command's options.",
-                    epilog=DEBUG_HELP.format(command="COMMAND"))
-    parser.add_argument("--debug", action="store_true",
-                        help="on an error, print the full Python traceback before the one-line message (the same as "
-                             "setting SHMLOAD_DEBUG=1)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add, name in ((add_demo, "demo"), (add_profile_parser, "profile"), (add_pack, "pack")):
-        p = add(sub)
-        p.epilog = textwrap.fill(DEBUG_HELP.format(command=name), 80)
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
-    return parser
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before minutes of profiling, what would fail at the end."""
+    for option, path in (("--trace", args.trace), ("--plot", args.plot)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise CommandError(f"{option} {path}: the folder {folder} does not exist; create it or choose another")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("--plot needs matplotlib: pip install 'shmload[plot]' (or leave out --plot)")
 
 
-def debug_requested(args: argparse.Namespace) -> bool:
-    return bool(args.debug) or os.environ.get("SHMLOAD_DEBUG", "").strip().lower() not in ("", "0", "false", "no",
-                                                                                        "off")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``shmload ...`` (the console script, and ``python -m shmload``): the exit status."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help (0), or a usage error already printed on one line (2)
-        return e.code if isinstance(e.code, int) else 0
-    try:
-        return args.run(args)
-    except KeyboardInterrupt as e:
-        return report(args.command, e, 130, debug_requested(args))
-    except CommandError as e:
-        return report(args.command, e, 2, debug_requested(args))
-    except ShmloadError as e:
-        return report(args.command, e, 1, debug_requested(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def cmd_profile(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    dataset = load_factory(args.factory)
+    print_results(args, dataset, sweep(dataset, args))
+    return 0

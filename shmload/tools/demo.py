@@ -13,10 +13,10 @@ import os
 import time
 
 from . import synthetic
-from .datasets import ImageFolder
-from .errors import CommandError
-from .loader import DataLoader
-from .transforms import train_pipeline
+from ..datasets import ImageFolder
+from ..errors import CommandError
+from ..loader import DataLoader
+from ..transforms import train_pipeline
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

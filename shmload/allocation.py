@@ -1,0 +1,214 @@
+"""Slot allocation: which batch gets which ring slot, and when waiting for one cannot help.
+
+Pure bookkeeping over the ring (``ring.py``) and the tasks in flight (``dispatch.py``):
+no processes, no messages. The session asks and carries out what it is told: a slot to
+send with a new task (:meth:`SlotAllocator.for_task`), the larger slots to reassign to
+workers waiting for one (:meth:`SlotAllocator.serve`, a list of :class:`Grant`), and
+before it blocks, whether waiting can still help (:meth:`SlotAllocator.raise_if_stuck`).
+
+The rules, each enforced once, below:
+
+* A task is sent with a free slot (credit-based dispatch); before the ring is sized (the
+  first batches), without one: the worker's :class:`~shmload.messages.NeedSpace` sizes it.
+* While any worker waits for a larger slot, no new task is dispatched: new tasks would
+  only pin the old, smaller slots.
+* Earliest first. Workers load their tasks in order, so a later batch given the last slot
+  would hold it while its worker waits for an earlier batch's slot: with few slots (a
+  small /dev/shm) nothing would ever move. A batch may take a slot ahead of earlier
+  batches that have none only while enough free slots stay for them (``_may_overtake``).
+* Grow rather than wait forever: a consumer holding batches gets more slots, a batch
+  larger than the slots a larger segment, both up to the ring's bound.
+* Past the bound, wait only while waiting can help: while a slot can still come back.
+  Once the batch the consumer needs next waits for space itself (or, with
+  ``in_order=False``, nothing that holds a slot can still finish), no slot will come
+  back, and the ring's :class:`RingFullError` is raised instead of hanging.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, NamedTuple
+
+from .dispatch import Dispatcher, InFlight
+from .errors import RingFullError
+from .messages import NeedSpace
+from .ring import Ring, Slot, SlotState
+
+
+class Grant(NamedTuple):
+    """Reassign: worker ``worker``'s batch ``seq`` of ``iteration`` is to be written into ``slot``."""
+
+    worker: int
+    iteration: int
+    seq: int
+    slot: Slot
+
+
+class Waiting(NamedTuple):
+    """Worker ``worker`` holds a loaded batch that needs a larger slot (its NeedSpace)."""
+
+    worker: int
+    need: NeedSpace
+
+
+class SlotAllocator:
+    def __init__(self, ring: Ring, dispatcher: Dispatcher):
+        self.ring = ring
+        self.dispatcher = dispatcher
+        self.waiting: deque[Waiting] = deque()  # in the order asked
+        self._error: RingFullError | None = None  # why the earliest waiting batch still waits
+
+    # ------------------------------------------------------------ new tasks
+    def for_task(self, iteration: int) -> tuple[bool, Slot | None]:
+        """May a new task of ``iteration`` be dispatched, and with which slot (None: the
+        ring is not sized yet, the worker's NeedSpace will size it)? Takes the slot."""
+        if self.waiting:
+            return False, None
+        if not self.ring.slot_bytes:
+            return True, None
+        earlier = len(self._slotless(iteration)) if self.dispatcher.without_slot else 0
+        if not self._room_for(earlier):
+            return False, None  # earlier batches need the free slots
+        slot = self.ring.take()
+        if slot is None:
+            slot = self._grow_for_held()
+        return slot is not None, slot
+
+    def _grow_for_held(self) -> Slot | None:
+        """No slot is free: the consumer holds batches. Add slots rather than wait forever;
+        past the bound, wait if a slot can still come back, else raise."""
+        try:
+            self.ring.add_slots()
+        except RingFullError:
+            if self.ring.slots_in(SlotState.FILLING) or self.ring.slots_in(SlotState.READY):
+                return None
+            raise
+        return self.ring.take()
+
+    def _slotless(self, iteration: int) -> list[int]:
+        """The batches of ``iteration`` in flight without a slot, earliest first: sent
+        before the ring was sized, or waiting for a larger slot."""
+        return sorted(e.task.seq for e in self._in_flight() if e.slot is None and e.task.iteration == iteration)
+
+    def _in_flight(self) -> Iterable[InFlight]:
+        for wid in range(self.dispatcher.num_workers):
+            yield from self.dispatcher.held_by(wid)
+
+    def _may_overtake(self, earlier: int) -> bool:
+        """May a batch take a slot while ``earlier`` batches before it still have none?
+        Only if the free slots left after it still cover them."""
+        return earlier == 0 or self.ring.free_slots() - 1 >= earlier
+
+    def _room_for(self, earlier: int) -> bool:
+        """``_may_overtake``, after adding slots while the ring is still short of its
+        target size (it is filled on demand, see ring.py)."""
+        while not (self._may_overtake(earlier) and self.ring.free_slots()):
+            if self.ring.num_slots >= self.ring.target_slots:
+                break
+            try:
+                self.ring.add_slots()
+            except RingFullError:
+                break
+        return self._may_overtake(earlier)
+
+    # ------------------------------------------------------------ batches waiting for space
+    def wants(self, worker: int, need: NeedSpace) -> None:
+        """``worker`` said NeedSpace: its task's slot (if any) goes back to the ring, and
+        the batch waits for :meth:`serve`."""
+        key = (need.iteration, need.seq)
+        entry = self.dispatcher.task(worker, key)
+        if entry.slot is not None:
+            self.ring.release(entry.slot)
+        self.dispatcher.assign(worker, key, entry._replace(slot=None))
+        self.waiting.append(Waiting(worker, need))
+
+    def serve(self, iteration: int) -> list[Grant]:
+        """Give waiting batches their larger slots, earliest first, so the next batch the
+        consumer needs is never held up behind a later, larger one. The grants are
+        recorded in the dispatcher; the caller sends them."""
+        self._error = None
+        if not self.waiting:  # the common case, on every poll and dispatch
+            return []
+        if not self.ring.slot_bytes and not self._size_ring():
+            return []
+        grants: list[Grant] = []
+        slotless = self._slotless(iteration)
+        for wait in sorted(self.waiting, key=lambda w: w.need.seq):
+            need = wait.need
+            if not self._room_for(sum(1 for seq in slotless if seq < need.seq)):
+                break  # earlier batches have not asked yet, and they need the free slots
+            slot = self._larger_slot(need.nbytes)
+            if slot is None:
+                break
+            self.waiting.remove(wait)
+            if need.seq in slotless:
+                slotless.remove(need.seq)
+            key = (need.iteration, need.seq)
+            self.dispatcher.assign(wait.worker, key, self.dispatcher.task(wait.worker, key)._replace(slot=slot))
+            grants.append(Grant(wait.worker, need.iteration, need.seq, slot))
+        return grants
+
+    def _size_ring(self) -> bool:
+        """The first batches size the ring: only the slots asked for now, so the first
+        batch need not wait for the whole ring."""
+        try:
+            self.ring.grow_capacity(max(w.need.nbytes for w in self.waiting), count=len(self.waiting))
+        except RingFullError as exc:
+            self._error = exc
+            return False
+        return True
+
+    def _larger_slot(self, nbytes: int) -> Slot | None:
+        slot = self.ring.take(nbytes)
+        if slot is not None:
+            return slot
+        try:
+            if nbytes > self.ring.slot_bytes:
+                self.ring.grow_capacity(nbytes)
+            else:
+                self.ring.add_slots()
+        except RingFullError as exc:
+            self._error = exc
+            return None
+        return self.ring.take(nbytes)
+
+    def waiting_for(self, iteration: int, seq: int) -> Waiting | None:
+        return next((w for w in self.waiting if (w.need.iteration, w.need.seq) == (iteration, seq)), None)
+
+    def forget(self, worker: int) -> None:
+        """``worker`` died: what it waited for is re-sent with its tasks."""
+        self.waiting = deque(w for w in self.waiting if w.worker != worker)
+
+    def abandon(self) -> list[Waiting]:
+        """A new iteration begins: every waiting batch is dropped (its task completes);
+        the caller tells each worker to drop it."""
+        dropped = list(self.waiting)
+        for wait in dropped:
+            self.dispatcher.complete(wait.worker, (wait.need.iteration, wait.need.seq))
+        self.waiting.clear()
+        self._error = None
+        return dropped
+
+    # ------------------------------------------------------------ before blocking
+    def raise_if_stuck(self, iteration: int, head: int | None) -> None:
+        """Raise the ring's RingFullError if waiting cannot help: a batch waits for space
+        that cannot be had (the last :meth:`serve` failed), and nothing still running can
+        give a slot back.
+
+        ``head`` is the batch the consumer needs next (None with ``in_order=False``). While
+        it is still being loaded, it will arrive and slots with it. Otherwise only a task
+        that can still finish and holds a slot can free one (by finishing, failing, or
+        needing a larger slot itself); a worker waiting for space finishes nothing."""
+        if self._error is None:
+            return
+        blocked = {w.need.seq for w in self.waiting if w.need.iteration == iteration}
+        if head is not None and head not in blocked:
+            return
+        waiting_workers = {w.worker for w in self.waiting}
+        for wid in range(self.dispatcher.num_workers):
+            if wid not in waiting_workers and any(e.slot is not None for e in self.dispatcher.held_by(wid)):
+                return
+        # Not kept: a stored exception's traceback would hold the iterator's frames, and
+        # through them the session, alive. The next attempt recomputes it.
+        error, self._error = self._error, None
+        raise error

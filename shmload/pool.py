@@ -1,0 +1,77 @@
+"""The pool: a loader's worker sessions across epochs, and the epoch iterator each
+``iter()`` gets.
+
+With ``persistent_workers=True`` one session (``session.py``) serves every epoch until
+the settings change; otherwise each iterator owns a session of its own, which stops with
+the iterator (its finalizer, ``break``, the end of the epoch). The pool is kept apart
+from the loader so the loader's finalizer can close it, and it never outlives a fork: a
+forked child's pool starts its own workers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from . import _platform
+from .config import LoaderConfig
+from .epoch import MultiprocessEpoch, SingleProcessEpoch
+from .iterable import Stream
+from .profiler.profile import Profile
+from .session import RestartBudget, Session
+from .supervisor import owned_here
+
+
+class SessionPool:
+    """A loader's sessions: the persistent one, every live one (closed with the loader),
+    the restart budget and profile they share, and an iterable source's in-process stream."""
+
+    def __init__(self) -> None:
+        self.persistent: Session | None = None
+        self.live: weakref.WeakSet[Session] = weakref.WeakSet()
+        self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
+        self.profile = Profile()  # always on: see profiler/profile.py and loader.stats()
+        self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
+
+    def open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                   loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
+        """The iterator of the next epoch, with its session (started now, as torch's
+        ``iter()`` starts its workers) or none for ``num_workers=0``."""
+        if self.persistent is not None and not owned_here(self.persistent.owner_pid):
+            self.persistent = None  # inherited through a fork: those workers are not ours
+            self.live = weakref.WeakSet()
+        if self.persistent is not None and self.persistent.cfg is not cfg:
+            self.persistent.close()  # settings changed since its workers started
+            self.persistent = None
+        if cfg.num_workers == 0:
+            if cfg.iterable and self.stream is None:
+                self.stream = Stream(cfg.dataset)  # reset_state(), once per loader
+            it: Any = SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
+        else:
+            # Starting workers is one window (_platform.py, NOTE [ Ctrl-C waits for a
+            # window ]): a Ctrl-C is raised once the session is whole and owned, by the
+            # loader (persistent) or by the iterator, whose finalizer closes it.
+            entered = _platform.defer_sigint()
+            try:
+                if not cfg.persistent_workers:
+                    session = Session(cfg, self.restarts, self.profile)
+                    try:
+                        self.live.add(session)
+                        it = MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile)
+                    except BaseException:
+                        session.close()
+                        raise
+                else:
+                    if self.persistent is None or self.persistent.closed:
+                        self.persistent = Session(cfg, self.restarts, self.profile)
+                        self.live.add(self.persistent)
+                    it = MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile)
+            finally:
+                _platform.resume_sigint(entered)
+        return it
+
+    def close(self) -> None:
+        for session in [self.persistent, *self.live]:
+            if session is not None:
+                session.close()
+        self.persistent = None
