@@ -46,29 +46,30 @@ class SessionPool:
         if cfg.num_workers == 0:
             if cfg.iterable and self.stream is None:
                 self.stream = Stream(cfg.dataset)  # reset_state(), once per loader
-            it: Any = SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
-        else:
-            # Starting workers is one window (_platform.py, NOTE [ Ctrl-C waits for a
-            # window ]): a Ctrl-C is raised once the session is whole and owned, by the
-            # loader (persistent) or by the iterator, whose finalizer closes it.
-            entered = _platform.defer_sigint()
-            try:
-                if not cfg.persistent_workers:
-                    session = Session(cfg, self.restarts, self.profile)
-                    try:
-                        self.live.add(session)
-                        it = MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile)
-                    except BaseException:
-                        session.close()
-                        raise
-                else:
-                    if self.persistent is None or self.persistent.closed:
-                        self.persistent = Session(cfg, self.restarts, self.profile)
-                        self.live.add(self.persistent)
-                    it = MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile)
-            finally:
-                _platform.resume_sigint(entered)
-        return it
+            return SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
+        # Starting workers is one window (_platform.py, NOTE [ Ctrl-C waits for a window ]):
+        # a Ctrl-C is raised once the session is whole and owned, by the loader (persistent)
+        # or by the iterator, whose finalizer closes it.
+        entered = _platform.defer_sigint()
+        try:
+            return self._multiprocess_epoch(cfg, claim, length, loader)
+        finally:
+            _platform.resume_sigint(entered)
+
+    def _multiprocess_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                            loader: Any) -> MultiprocessEpoch:
+        if cfg.persistent_workers:
+            if self.persistent is None or self.persistent.closed:
+                self.persistent = Session(cfg, self.restarts, self.profile)
+                self.live.add(self.persistent)
+            return MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile)
+        session = Session(cfg, self.restarts, self.profile)
+        try:
+            self.live.add(session)
+            return MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile)
+        except BaseException:
+            session.close()
+            raise
 
     def close(self) -> None:
         for session in [self.persistent, *self.live]:

@@ -266,10 +266,10 @@ class _WorkerLoop:
         draw = type(load) is Draw
         if draw and not self.torch_info:
             self.share_info_with_torch()
-        by_rows = self.load_rowwise if not draw and rowwise.applies(
-            src.dataset, src.collate_fn, src.auto_batch, load) else None
         point = None
         try:
+            by_rows = self.load_rowwise if not draw and rowwise.applies(
+                src.dataset, src.collate_fn, src.auto_batch, load) else None
             plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it

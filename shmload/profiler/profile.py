@@ -265,7 +265,8 @@ class Profile:
         ring = None  # (slots, bytes per slot) of the newest live session
         for session in self._live():
             pids.update(session.worker_pids())
-            num_workers, prefetch, *ring = session.profile_settings()
+            num_workers, prefetch, slots, slot_bytes = session.profile_settings()
+            ring = (slots, slot_bytes)
         live_cpu = self._live_cpu()
         workers = []
         for wid in sorted(totals):
@@ -300,7 +301,7 @@ class Profile:
             return None, main
         return min(machine - self._cpu_machine, len(cpus) * duration), main
 
-    def _ring_stats(self, ring: list | None) -> RingStats | None:
+    def _ring_stats(self, ring: tuple[int, int] | None) -> RingStats | None:
         if ring is None:
             return None
         occ = self._window(_recent(self.consumer.occupancy, self.consumer.occupancy_count, OCCUPANCY), 0)
