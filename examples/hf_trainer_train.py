@@ -151,13 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in trainer.model.parameters()])]
     if trainer.is_world_process_zero():  # one line, whatever the number of processes
         print(json.dumps({"global_step": trainer.state.global_step, "weights": weights}), flush=True)
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        # The Trainer leaves its process group to interpreter exit, where gloo's threads can
-        # abort a rank ("terminate called without an active exception"): every rank is done
-        # with gloo before any tears it down, as in ddp_train.py.
-        dist.barrier()
-        dist.destroy_process_group()
     return 0
 
 
