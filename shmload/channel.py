@@ -75,6 +75,14 @@ class Channel:
         if flush:
             self.flush()
 
+    def send_fd(self, fd: int) -> None:
+        """Send a duplicate of ``fd`` alone (its marker byte with ``SCM_RIGHTS``), for the
+        message that announces it in the worker's task queue (control.py)."""
+        if self.broken:
+            return
+        self._out.append([memoryview(b""), os.dup(fd)])
+        self.flush()
+
     @property
     def backlogged(self) -> bool:
         return bool(self._out)

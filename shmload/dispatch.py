@@ -66,6 +66,10 @@ class Dispatcher:
                 best, best_load = wid, len(tasks)
         return best
 
+    def idle(self) -> bool:
+        """Does some worker hold no task?"""
+        return any(not tasks for tasks in self._tasks)
+
     def has_room(self, wid: int) -> bool:
         """May worker ``wid`` be sent one more task? (An iterable source's draws go to the
         worker whose stream it is, whatever the others hold.)"""

@@ -22,7 +22,7 @@ import weakref
 from typing import Any, Callable
 
 from . import _platform, lifetime, seeding
-from .collate import build_local
+from .collate import StackPlans, build_local
 from .config import LoaderConfig
 from .errors import LoaderTimeoutError, ShmloadError, describe_load
 from .iterable import Stream
@@ -126,7 +126,8 @@ class SingleProcessEpoch(_Epoch):
         self._cfg, self._claim, self._length = cfg, claim, length
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
-        self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream)
+        self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream,
+                                   plans=StackPlans())
         self._timer = BatchTimer()
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
         self._lock = threading.Lock()
@@ -315,7 +316,10 @@ class MultiprocessEpoch(_Epoch):
             self._session.flush()  # the tasks of this round leave together, one write per worker
 
     def _dispatch(self) -> None:
-        while not self._exhausted and len(self._reorder) < self._session.outstanding:
+        session = self._session
+        if not session.worth_dispatching(session.outstanding - len(self._reorder)):
+            return
+        while not self._exhausted and len(self._reorder) < session.outstanding:
             planned = self.schedule.peek()
             if planned is None:
                 self._exhausted = True

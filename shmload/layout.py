@@ -110,24 +110,39 @@ class Layout(NamedTuple):
 
 
 class LayoutCache:
-    """Unpickles the layouts of completion messages in the main process. Batches of one
-    dataset mostly share theirs, so layouts of arrays alone are kept by their pickle
-    (immutable, so they can be shared); one with object leaves is never kept: those
-    leaves become the user's own lists."""
+    """The layouts of completion messages in the main process, by the number their worker
+    gave them (``wire.LayoutIds``): a worker pickles a layout once, and later completions
+    name it. Each worker's last :data:`wire.LayoutIds.KEPT` are kept, forgotten oldest
+    first exactly as the worker forgets them; a layout numbered -1 (object leaves: this
+    batch's values) is never kept. A layout that failed to unpickle is kept as its
+    error, raised again for every batch that names it."""
 
-    def __init__(self, size: int = 16):
-        self._kept: dict[bytes, Layout] = {}
-        self._size = size
+    def __init__(self, kept: int = 16):
+        self._kept: dict[int, dict[int, Any]] = {}
+        self._size = kept
 
-    def load(self, data: bytes) -> Layout:
-        layout = self._kept.get(data)
-        if layout is None:
+    def load(self, worker: int, number: int, data: bytes | None) -> Layout:
+        if data is None:
+            layout = self._kept[worker][number]
+            if isinstance(layout, Exception):
+                raise layout
+            return layout
+        try:
             layout = pickle.loads(data)
-            if not any(type(leaf) is ObjectValue for leaf in layout.leaves):
-                if len(self._kept) >= self._size:
-                    self._kept.clear()
-                self._kept[data] = layout
+        except Exception as exc:
+            layout = exc
+        if number >= 0:
+            kept = self._kept.setdefault(worker, {})
+            if len(kept) >= self._size:
+                del kept[next(iter(kept))]
+            kept[number] = layout
+        if isinstance(layout, Exception):
+            raise layout
         return layout
+
+    def forget(self, worker: int) -> None:
+        """A restarted worker numbers its layouts afresh."""
+        self._kept.pop(worker, None)
 
 
 def slot_destination(slot: np.ndarray) -> Callable[[ArraySpec], np.ndarray]:

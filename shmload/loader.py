@@ -214,7 +214,7 @@ class DataLoader:
     def _batches_from(self, start: int) -> Any:
         """The epoch's batches (samples, with batch_size=None) from position ``start``."""
         if isinstance(self.batch_sampler, BatchSampler):
-            return self.batch_sampler.batches_from(start)
+            return self.batch_sampler.batches_from(start, as_indices=True)
         return itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
 
     def _length(self) -> int | None:

@@ -21,10 +21,10 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from . import seeding
-from .collate import make_plan
+from .collate import StackPlans, make_plan
 from .fetch import fetch
 from .iterable import Stream
-from .messages import Draw
+from .messages import Draw, Indices
 
 _clock = time.perf_counter
 
@@ -44,6 +44,7 @@ class BatchSource(NamedTuple):
     stream: Stream | None = None
     worker: int = 0
     workers: int = 1
+    plans: StackPlans | None = None  # the default collate's cached plans (NOTE [ The cached plan ], collate.py)
 
 
 class BatchTimer:
@@ -96,6 +97,8 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
     fetched whole; it returns a Plan, or None if the batch was given up."""
     if type(load) is Draw:
         return _load_draw(src, epoch, load, epoch_key, timer)
+    if type(load) is Indices:  # (in this process: a worker gets the list from wire.py)
+        load = load.tolist()
     seeding.seed_globals(src.seed, epoch, seq, src.rank)
     timer.to_other()
     timer.samples = len(load) if src.auto_batch else 1
@@ -103,7 +106,7 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
         return rowwise(load, timer)
     samples = fetch(src.dataset, load, src.auto_batch)
     timer.to_fetch()
-    plan = make_plan(samples, load, src.collate_fn, src.auto_batch)
+    plan = make_plan(samples, load, src.collate_fn, src.auto_batch, src.plans)
     timer.to_collate()
     return plan
 
@@ -117,7 +120,7 @@ def _load_draw(src: BatchSource, epoch: int, draw: Draw, epoch_key: Any, timer: 
         return ENDED
     timer.to_fetch()
     timer.samples = len(samples) if src.auto_batch else 1
-    plan = make_plan(samples, None, src.collate_fn, src.auto_batch)
+    plan = make_plan(samples, None, src.collate_fn, src.auto_batch, src.plans)
     timer.to_collate()
     return plan
 

@@ -1,14 +1,18 @@
 """Control messages between the main process and its workers.
 
-Every message is a small typed record; array data never travels in one. Each worker has
-one Unix socket pair to the main process, which carries these messages in both
-directions and, right after an :class:`Attach`, the segment's file descriptor
-(``SCM_RIGHTS``); see ``channel.py`` for why the main process's end never blocks. Why a socket and not a POSIX message queue: queues are
-capped at 10 messages and 8 KB by default, ``/dev/mqueue`` is often not mounted in
-containers, and they cannot carry file descriptors.
+Every message is a small typed record; array data never travels in one. They travel
+through each worker's two queues in shared memory (``control.py``, encoded by
+``wire.py``); its Unix socket pair to the main process carries what is rare: the
+control segment (:class:`AttachControl`, first), the file descriptor that follows an
+:class:`Attach` or :class:`AttachBoard` (``SCM_RIGHTS``), and a message too large for
+its queue. See ``channel.py`` for why the main process's end of the socket never blocks.
+Why not a POSIX message queue: queues are capped at 10 messages and 8 KB by default,
+``/dev/mqueue`` is often not mounted in containers, they cannot carry file descriptors,
+and every message is a system call.
 
-Main -> worker: :class:`Attach` (+ fd), :class:`Detach`, :class:`AttachBoard` (+ fd),
-:class:`Task`, :class:`Reassign`, :class:`Shutdown`.
+Main -> worker: :class:`AttachControl` (+ fd, by the socket), :class:`Attach` (+ fd),
+:class:`Detach`, :class:`AttachBoard` (+ fd), :class:`Task`, :class:`Reassign`,
+:class:`Shutdown`.
 Worker -> main: :class:`Ready`, :class:`StartupFailed`, :class:`Done`,
 :class:`NeedSpace`, :class:`Failed`, :class:`Exhausted`.
 
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .errors import RemoteError
 
 
@@ -34,7 +40,47 @@ class SlotRef(NamedTuple):
     capacity: int
 
 
+class Indices:
+    """The dataset indices of one batch from shmload's own batch sampler, kept as the int64
+    array they were sliced from (``sampler.BatchSampler``): the dataset gets them as a
+    list of Python ints, as from torch's samplers, but the main process neither builds
+    that list nor pickles it (``wire.py``: the array's bytes go to the worker as they are)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def tolist(self) -> list[int]:
+        return self.array.tolist()
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.tolist()[key]
+
+    def __eq__(self, other: Any) -> bool:
+        return self.tolist() == (other.tolist() if type(other) is Indices else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.tolist())
+
+
 # ---------------------------------------------------------------- main -> worker
+class AttachControl(NamedTuple):
+    """Map the control segment (``control.py``) and use ``area``'s queues; its file
+    descriptor follows on the socket. The first message a worker gets, by the socket."""
+
+    size: int
+    area: Any  # control.Area
+
+
 class Attach(NamedTuple):
     """Map a new segment; its file descriptor follows on the socket."""
 
@@ -122,7 +168,8 @@ class Done(NamedTuple):
 
     iteration: int
     seq: int
-    layout: bytes  # the pickled Layout, loaded by the session where a failure can be reported
+    layout_id: int  # the worker's number for its layout (wire.LayoutIds); -1: not kept
+    layout: bytes | None  # the pickled Layout the first time (or always, for -1), loaded by the session
     stream: StreamPoint | None = None  # for a Draw
 
 

@@ -45,12 +45,14 @@ def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any) -> bo
 
 
 def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
-                 space: Callable[[int], np.ndarray | None]) -> Plan | None:
+                 space: Callable[[int], np.ndarray | None], plans: Any = None) -> Plan | None:
     """Load the batch at ``indices``: its plan, with its arrays written already into
     ``space(nbytes)`` (the slot, as a uint8 array; None if the batch was given up while
     waiting for one: then so is this call, None). If its samples are small, they are
     fetched whole and planned the default way instead (reusing what sample 0 told), and
-    nothing is written yet. ``timer`` is the batch's ``loading.BatchTimer``.
+    nothing is written yet, by ``plans`` (``collate.StackPlans``) if given, so that the
+    next batch of this size finds its plan cached and skips this path (``worker.py``).
+    ``timer`` is the batch's ``loading.BatchTimer``.
 
     The first sample tells the batch's size, so a batch without a (large enough) slot
     asks for one right then, before fetching the rest: even the batches that size the
@@ -63,7 +65,7 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
         timer.to_collate()
         rest = [dataset[i] for i in indices[1:]]
         timer.to_fetch()
-        plan = batch.plan([first] + rest)
+        plan = plans.plan([first] + rest, indices) if plans is not None else batch.plan([first] + rest)
         timer.to_collate()
         return plan
     del first

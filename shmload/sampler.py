@@ -27,6 +27,7 @@ import numpy as np
 
 from . import seeding
 from ._checks import check_int
+from .messages import Indices
 
 
 # NOTE [ Orders are computed a slice at a time ]
@@ -268,16 +269,24 @@ class BatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         return self.batches_from(0)
 
-    def batches_from(self, first: int) -> Iterator[list[int]]:
+    def batches_from(self, first: int, as_indices: bool = False) -> Iterator[Any]:
         """The batches of one epoch (one ``iter()`` of the sampler), from batch ``first``
-        on: a resumed epoch skips the batches delivered before the save."""
+        on: a resumed epoch skips the batches delivered before the save. ``as_indices``
+        (the loader's own use): our samplers' batches as :class:`~shmload.messages.Indices`,
+        which reach the dataset as the same lists without the main process building them."""
         if type(self.sampler).__dict__.get("_array_order"):
             # our own samplers (not subclasses, whose __iter__ may differ): slice the epoch's
             # order instead of a Python loop per index, computing only the batches taken
             indices = self.sampler._order()
             stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
             for start in range(first * self.batch_size, stop, self.batch_size):
-                yield indices[start:start + self.batch_size].tolist()
+                batch = indices[start:start + self.batch_size]
+                if as_indices:
+                    values = np.asarray(batch)
+                    if values.dtype == np.int64:
+                        yield Indices(values)
+                        continue
+                yield batch.tolist()
             return
         yield from itertools.islice(self._batches(), first, None)
 

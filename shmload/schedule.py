@@ -24,7 +24,7 @@ from typing import Any, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
-from .messages import Draw, StreamPoint
+from .messages import Draw, Indices, StreamPoint
 
 
 class Planned(NamedTuple):
@@ -52,7 +52,7 @@ def batch_indices(indices: Any, seq: int) -> Any:
     accepts them. Checked here, in the main process: a single index (a sampler passed as
     ``batch_sampler``, a common slip) is torch's TypeError, before any worker sees it."""
     kind = type(indices)
-    if kind is list or kind is np.ndarray:
+    if kind is list or kind is Indices or kind is np.ndarray:
         return indices
     if isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
         raise TypeError(

@@ -1,6 +1,14 @@
 """Supervisor: start the worker processes, talk to them, notice when they die, stop them.
 
-Knows nothing about batches. Shutdown escalates in a fixed order: ask (a Shutdown
+Knows nothing about batches. Messages go through each worker's queues in the control
+segment (``control.py``; records encoded by ``wire.py``), file descriptors and the rare
+oversized message through its socket (``channel.py``).
+
+Waiting. The main process sleeps on the control segment's bell (rung by any worker's
+completion) for at most :data:`DEATH_CHECK` seconds at a time; before each sleep, and
+after one that brought nothing, it asks the kernel without waiting whether a worker died
+(its pidfd) or a socket needs attention. While a socket has work (an outbox to flush, a
+large message announced), it waits on the sockets instead, :data:`SOCKET_SLICE` at a time. Shutdown escalates in a fixed order: ask (a Shutdown
 message, then closing our end of the socket, which a worker sees as end-of-file), wait
 ``JOIN_TIMEOUT`` seconds, SIGTERM, wait, SIGKILL. A worker stuck in a slow
 ``__getitem__`` is therefore stopped within about two seconds, never waited on forever.
@@ -9,7 +17,6 @@ message, then closing our end of the socket, which a worker sees as end-of-file)
 from __future__ import annotations
 
 import errno
-import io
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -17,17 +24,24 @@ import selectors
 import signal
 import socket
 import time
-from multiprocessing import connection, reduction
+from collections import deque
+from multiprocessing import connection
 from typing import Any
 
-from . import _platform
+from . import _platform, wire
 from .channel import Channel
-from .errors import ShmloadError, WorkerStartupError
-from .messages import Shutdown
+from .control import ControlBlock
+from .errors import ShmloadError
+from .messages import AttachControl, Shutdown
+from .shm import Segment
+from .shipping import PerWorker
 from .worker import UserCode, WorkerArgs, worker_main
 
 JOIN_TIMEOUT = 1.0
 TERM_TIMEOUT = 1.0
+DEATH_CHECK = 0.05  # longest sleep on the bell between two looks for dead workers
+SOCKET_SLICE = 0.002  # longest wait on the sockets while one has work, between looks at the queues
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
 class WorkerHandle:
@@ -63,78 +77,6 @@ class WorkerHandle:
         return f"exited with exit code {code}"
 
 
-class _NotingPickler(reduction.ForkingPickler):
-    """multiprocessing's pickler, noting whether a reducer registered with it ran
-    (``ForkingPickler.register``: torch's tensors and storages, sockets, connections,
-    shared ctypes). Those may hand over something only one process can take (a
-    descriptor, a reference count); whatever else it pickles can be sent to any number."""
-
-    def __init__(self, *args: Any):
-        super().__init__(*args)
-        self.registered_reducer_ran = False
-        for cls, reduce in self._extra_reducers.items():
-            self.dispatch_table[cls] = self._noting(reduce)
-
-    def _noting(self, reduce: Any) -> Any:
-        def noted(obj: Any) -> Any:
-            self.registered_reducer_ran = True
-            return reduce(obj)
-        return noted
-
-
-def _pickled_user_code(user: UserCode, method: str) -> tuple[bytes, bool]:
-    """The user's objects pickled, and whether these bytes may go to other workers too;
-    any object that cannot be pickled is named."""
-    try:
-        buf = io.BytesIO()
-        pickler = _NotingPickler(buf)
-        pickler.dump(user)
-        return buf.getvalue(), not pickler.registered_reducer_ran
-    except Exception as exc:
-        for field, value in zip(user._fields, user):
-            try:
-                reduction.ForkingPickler.dumps(value)
-            except Exception as field_exc:
-                raise WorkerStartupError(
-                    f"the {field} ({type(value).__name__}) cannot be pickled, which the {method!r} start "
-                    f"method needs to send it to the worker processes: {field_exc}. Make it picklable "
-                    "(for example, open files lazily in __getitem__ instead of __init__), or use "
-                    "multiprocessing_context='fork'."
-                ) from field_exc
-        raise WorkerStartupError(f"the loader's objects cannot be pickled for {method!r}: {exc}") from exc
-
-
-class _PerWorker:
-    """The user's objects as sent to worker processes under spawn and forkserver: pickled
-    while each worker's ``Process`` is being pickled (at each start and restart), the way
-    torch's DataLoader sends its dataset; the worker receives plain ``bytes`` and unpickles
-    them inside its own error handling (``worker.py``), so a failure there is still a
-    ``WorkerStartupError`` with the worker's traceback, and an object that cannot be
-    pickled is named before the first worker starts.
-
-    Not one pickle for all workers: torch's tensor reductions hand each storage over as a
-    descriptor that one process can take, once, so a second worker sent the same bytes
-    failed at start-up with ``EOFError``. Pickled inside the ``Process``'s own pickling, a
-    descriptor travels with that process's start (``duplicate_for_child``), not through a
-    ``resource_sharer`` thread that keeps it until someone asks. When no such reducer ran
-    (no tensors: numpy arrays, paths, ...) the first pickle is kept and sent to every
-    worker, so a large dataset is not pickled once per worker."""
-
-    __slots__ = ("user", "method", "reusable")
-
-    def __init__(self, user: UserCode, method: str):
-        self.user, self.method = user, method
-        self.reusable: bytes | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        data = self.reusable
-        if data is None:
-            data, reusable = _pickled_user_code(self.user, self.method)
-            if reusable:
-                self.reusable = data
-        return bytes, (data,)  # bytes(data) is data: no copy in the worker
-
-
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode):
         _platform.check_supported(num_workers)
@@ -145,9 +87,16 @@ class Supervisor:
                 "created inside a dataset.")
         self.ctx = ctx
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
-        self._deferred: set[WorkerHandle] = set()  # channels with messages waiting for flush()
+        self._control_segment: Segment | None = None
+        self.control: ControlBlock | None = None
+        # per worker: messages deferred to the next flush(), then records its task queue had
+        # no room for yet (each a list of parts), oldest first
+        self._outgoing: list[list] = [[] for _ in range(num_workers)]
+        self._overflow: list[deque] = [deque() for _ in range(num_workers)]
+        # per worker: large messages it announced (wire.NOTICE) whose frame has not been read
+        self._notices = [0] * num_workers
         method = ctx.get_start_method()
-        payload = user if method == "fork" else _PerWorker(user, method)
+        payload = user if method == "fork" else PerWorker(user, method)
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
         self.workers: list[WorkerHandle] = []
         if method == "forkserver":
@@ -155,6 +104,8 @@ class Supervisor:
             # processes) would inherit SIGINT ignored and hand that to all its children
             multiprocessing.forkserver.ensure_running()
         try:
+            self._control_segment = Segment(-1, ControlBlock.size(num_workers))
+            self.control = ControlBlock(self._control_segment.mmap, num_workers)
             for wid in range(num_workers):
                 # a started process is in the list before a Ctrl-C can land (NOTE [ Ctrl-C waits for a window ])
                 with _platform.start_window():
@@ -187,12 +138,19 @@ class Supervisor:
             theirs_conn.close()  # only the worker may hold its end, or EOF would never come
         _platform.register_parent_only_process(process)
         handle = WorkerHandle(wid, process, Channel(ours))
-        self._watch(handle, selectors.EVENT_READ)
         handle.death_fd = _platform.death_watch(process)
         self._selector.register(handle.death_fd, selectors.EVENT_READ, handle)
+        seg = self._control_segment
+        handle.channel.send(AttachControl(seg.size, self.control.areas[wid]), fd=seg.fd)
+        self._watch(handle)
         return handle
 
-    def _watch(self, h: WorkerHandle, events: int) -> None:
+    def _watch(self, h: WorkerHandle, events: int | None = None) -> None:
+        """Wait on ``h``'s socket for ``events`` (by default: writable while its outbox
+        holds data, readable while it owes an announced frame; 0: not at all)."""
+        if events is None:
+            events = ((_WRITE if h.channel.backlogged else 0) | (_READ if self._notices[h.id] else 0)
+                      if h.channel is not None and not h.channel.eof else 0)
         if events == h.events:
             return
         fd = h.channel.fileno()
@@ -206,31 +164,56 @@ class Supervisor:
 
     # ------------------------------------------------------------ talking
     def send(self, wid: int, msg: Any, fd: int | None = None, defer: bool = False) -> None:
-        """Queue ``msg`` (and ``fd``) for worker ``wid``; never blocks. A deferred message
-        leaves at the next :meth:`flush` (or :meth:`poll`), with the others queued for the
-        same worker in one write: one system call and one wake-up of the worker for
-        several tasks, instead of one each."""
+        """Queue ``msg`` (after ``fd``, which goes by the socket) for worker ``wid``; never
+        blocks. A deferred message leaves at the next :meth:`flush` (or :meth:`poll`), with
+        the others deferred for the same worker in one record: one wake-up of a sleeping
+        worker for several tasks, instead of one each."""
         h = self.workers[wid]
-        if h.exited or h.channel.eof:
+        if h.exited or h.channel is None or h.channel.eof:
             return  # poll() reports the death, with what the worker held
-        h.channel.send(msg, fd, flush=not defer)
-        if defer:
-            self._deferred.add(h)
-        else:
-            self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+        if fd is not None:
+            h.channel.send_fd(fd)
+        head, body = wire.encode_to_worker(msg)
+        if len(head) + len(body) > self.control.tasks[wid].max_record:
+            h.channel.send(msg)  # by the socket, announced in the queue
+            head, body = wire.NOTICE, b""
+        self._outgoing[wid].append((head, body))
+        if not defer:
+            self._push(h)
+        if fd is not None or h.channel.backlogged:
+            self._watch(h)
+
+    def _push(self, h: WorkerHandle) -> None:
+        """Put worker ``h``'s deferred messages and overflow into its task queue, as far as
+        it has room; what does not fit waits in the overflow, in order."""
+        wid = h.id
+        outgoing, overflow, tasks = self._outgoing[wid], self._overflow[wid], self.control.tasks[wid]
+        if outgoing:
+            for parts in wire.bundles(outgoing, tasks.max_record):
+                if overflow or not tasks.put(*parts):
+                    overflow.append([bytes(p) for p in parts])  # (a body may be a view of the sampler's array)
+            outgoing.clear()
+            return
+        while overflow and tasks.put(*overflow[0]):
+            overflow.popleft()
 
     def flush(self) -> None:
-        """Write the deferred messages."""
-        while self._deferred:
-            h = self._deferred.pop()
-            if h.exited or h.channel is None or h.channel.eof:
+        """Send the deferred messages, and write what the sockets take."""
+        for h in self.workers:
+            if h.exited or h.channel is None:
+                self._outgoing[h.id].clear()
+                self._overflow[h.id].clear()
                 continue
-            h.channel.flush()
-            self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
+            if self._outgoing[h.id] or self._overflow[h.id]:
+                self._push(h)
+            if h.channel.backlogged:
+                h.channel.flush()
+                self._watch(h)
 
     def restart(self, wid: int) -> WorkerHandle:
         """Start a replacement for worker ``wid``, which has died: same id, new process and
-        socket. The caller re-sends what the dead one held."""
+        socket, fresh queues (NOTE [ Deaths and the queues ], control.py). The caller
+        re-sends what the dead one held."""
         old = self.workers[wid]
         if not old.exited:
             self._retire(old)
@@ -239,6 +222,10 @@ class Supervisor:
         old.exitcode = old.process.exitcode
         old.forget_death_fd()
         old.process.close()
+        self.control.reset(wid)
+        self._outgoing[wid].clear()
+        self._overflow[wid].clear()
+        self._notices[wid] = 0
         with _platform.start_window():  # NOTE [ Ctrl-C waits for a window ] (_platform.py)
             self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
@@ -253,31 +240,97 @@ class Supervisor:
         return [h for h in self.workers if not h.exited]
 
     def poll(self, timeout: float) -> tuple[list[tuple[int, bytes]], list[WorkerHandle]]:
-        """Frames that arrived within ``timeout`` seconds, and workers that have died.
+        """Records (``wire.py``) that arrived within ``timeout`` seconds, each with its
+        worker's id, and workers that have died. Returns as soon as there is either.
 
-        A dead worker's last messages are read before its death is reported."""
+        A dead worker's last records are taken before its death is reported."""
         self.flush()
-        frames, dead = [], []
+        got = self._take_all()
+        if not got:
+            self.control.drain_bell()  # NOTE [ A doorbell rung only for a sleeper ] (control.py)
+            got = self._take_all()
+        if got:
+            return got, []
+        dead = self._events(0, got)
+        if got or dead:
+            return got, dead
+        if any(h.events for h in self.workers):  # a socket has work: wait on the sockets
+            with _platform.interruptible():
+                ready = self._selector.select(min(timeout, SOCKET_SLICE))
+            dead = self._handle_events(ready, got)
+            got.extend(self._take_all())
+            return got, dead
         with _platform.interruptible():  # the one wait of next(): nothing is half done here
-            ready = self._selector.select(timeout)
+            self.control.sleep(min(timeout, DEATH_CHECK))
+        got = self._take_all()
+        if not got:
+            dead = self._events(0, got)
+        return got, dead
+
+    def _take_all(self) -> list[tuple[int, bytes]]:
+        got: list[tuple[int, bytes]] = []
+        for h in self.workers:
+            if not h.exited and h.channel is not None:
+                self._take(h, got)
+        return got
+
+    def _take(self, h: WorkerHandle, got: list) -> None:
+        """Take worker ``h``'s records in order; a :data:`wire.NOTICE` is replaced by the
+        frame it announced, and while that frame has not arrived, the records after it wait."""
+        wid, take = h.id, self.control.take
+        while not self._notices[wid] and (record := take(wid)) is not None:
+            if record[0] == wire.NOTICE_KIND:
+                self._notices[wid] += 1
+                self._read_frames(h, got)
+                self._watch(h)
+            else:
+                got.append((wid, record))
+
+    def _read_frames(self, h: WorkerHandle, got: list) -> None:
+        for frame in h.channel.receive():
+            got.append((h.id, wire.frame_record(frame)))
+            if self._notices[h.id]:
+                self._notices[h.id] -= 1
+
+    def _events(self, timeout: float, got: list) -> list[WorkerHandle]:
+        """Deaths and socket events within ``timeout`` (0: those already there)."""
+        return self._handle_events(self._selector.select(timeout), got)
+
+    def _handle_events(self, ready: list, got: list) -> list[WorkerHandle]:
+        dead = []
         for key, mask in ready:
             h = key.data
             if h.exited:
                 continue
             if key.fd == h.death_fd:
-                frames.extend((h.id, f) for f in h.channel.receive())
+                self._take_last(h, got)
                 self._retire(h)
                 dead.append(h)
                 continue
-            if mask & selectors.EVENT_WRITE:
+            if mask & _WRITE:
                 h.channel.flush()
-            if mask & selectors.EVENT_READ:
-                frames.extend((h.id, f) for f in h.channel.receive())
-            if h.channel.eof:
-                self._watch(h, 0)  # closed: wait for the death, which follows at once
-            else:
-                self._watch(h, selectors.EVENT_READ | (selectors.EVENT_WRITE if h.channel.backlogged else 0))
-        return frames, dead
+            if mask & _READ:
+                self._read_frames(h, got)
+                self._take(h, got)
+            self._watch(h, 0 if h.channel.eof else None)  # closed: wait for the death, which follows at once
+        return dead
+
+    def _take_last(self, h: WorkerHandle, got: list) -> None:
+        """A dead worker's records, in order, each announced frame in its place (all of
+        them have arrived: nothing more can come), then any frame it sent unannounced
+        (before it had mapped its queues)."""
+        wid = h.id
+        frames = deque(h.channel.receive())
+        for _ in range(self._notices[wid]):
+            if frames:
+                got.append((wid, wire.frame_record(frames.popleft())))
+        self._notices[wid] = 0
+        while (record := self.control.take(wid)) is not None:
+            if record[0] != wire.NOTICE_KIND:
+                got.append((wid, record))
+            elif frames:
+                got.append((wid, wire.frame_record(frames.popleft())))
+        got.extend((wid, wire.frame_record(frame)) for frame in frames)
 
     def _retire(self, h: WorkerHandle) -> None:
         """Stop watching a worker that exited."""
@@ -296,7 +349,8 @@ class Supervisor:
             if h.channel is None:
                 continue
             try:
-                h.channel.send(Shutdown())
+                if not h.exited and self.control is not None:
+                    self.control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: the escalation below)
             finally:
                 if not h.exited:
                     self._retire(h)
@@ -310,6 +364,10 @@ class Supervisor:
                 getattr(h.process, escalate)()
             self._reap(TERM_TIMEOUT)
         self._selector.close()
+        if self.control is not None:
+            self.control.close()
+        if self._control_segment is not None:
+            self._control_segment.close()
 
     def _reap(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.

@@ -9,7 +9,7 @@ slot; nothing is loaded twice.
 
 A worker exits when told (:class:`Shutdown`), when its socket reaches end-of-file (the
 main process closed it, or died: see ``_platform`` for why no other process holds that
-end), or when its parent process changes (checked every ``WATCHDOG_INTERVAL`` seconds,
+end), or when its parent process changes (checked every ``port.WATCHDOG_INTERVAL`` seconds,
 for the case where a descendant still holds the socket).
 
 End-of-file is also watched *while the worker is busy*, by a thread that sleeps in
@@ -32,23 +32,21 @@ import sys
 import threading
 import time
 from collections import deque
-from multiprocessing import reduction
 from typing import Any, Callable, NamedTuple
 
-from . import rowwise, seeding
+from . import rowwise, seeding, wire
 from .batcher import Plan
-from .channel import Inbox
-from .collate import write
+from .collate import StackPlans, write
 from .errors import RemoteError, WorkerError
-from .layout import Layout, ObjectValue, slot_destination
+from .layout import slot_destination
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .profiler import counters
 from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
-from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign,
-                       Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
+from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready,
+                       Reassign, Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
+from .port import ParentGone, Port, close_mapping as _close_mapping
 from .shm import AttachedSegment
 
-WATCHDOG_INTERVAL = 0.5
 _clock = time.perf_counter
 
 
@@ -88,9 +86,6 @@ class WorkerArgs(NamedTuple):
     conn: Any  # this worker's end of its socket to the main process
 
 
-class _ParentGone(Exception):
-    pass
-
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -106,7 +101,7 @@ def worker_main(args: WorkerArgs) -> None:
     try:
         if loop.start():
             loop.run()
-    except (_ParentGone, EOFError, ConnectionError):
+    except (ParentGone, EOFError, ConnectionError):
         pass  # the main process is gone or closed our socket: nothing left to report to
     finally:
         loop.close()
@@ -136,12 +131,10 @@ def limit_torch_threads() -> None:
 class _WorkerLoop:
     def __init__(self, args: WorkerArgs):
         self.args = args
-        self.conn = args.conn
-        self.parent = os.getppid()
         self.segments: dict[int, AttachedSegment] = {}
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
-        self.last_layout: tuple[Any, bytes] = (None, b"")  # see pickled_layout()
+        self.layout_ids = wire.LayoutIds()  # the layouts the main process has (see done())
         # The profiler (profiler/counters.py): this worker's row of the board, and the
         # figures of the batch at hand, recorded once (see record()).
         self.board: AttachedSegment | None = None
@@ -153,17 +146,14 @@ class _WorkerLoop:
         self.task: Task | None = None  # the task at hand, and the slot it is to be written into
         self.slot: SlotRef | None = None
         self.torch_info = False  # has torch's get_worker_info() been told about this worker?
-        self.inbox = Inbox(self.conn.fileno())
-        # One poll object for the worker's life: Connection.poll() builds a selector per
-        # call, ~10 us a batch (docs/performance.md).
-        self.poller = select.poll()
-        self.poller.register(self.inbox.sock.fileno(), select.POLLIN)
+        self.port = Port(args.conn)  # messages in and out (port.py)
 
     # ------------------------------------------------------------ start-up
     def start(self) -> bool:
         global _worker_info
         a = self.args
         try:
+            self.port.attach_control()
             self.user = pickle.loads(a.user) if isinstance(a.user, bytes) else a.user
             _worker_info = WorkerInfo(a.worker_id, a.num_workers, a.seed, self.user.dataset)
             self.share_info_with_torch()
@@ -174,7 +164,7 @@ class _WorkerLoop:
             if is_iterable_source(self.user.dataset):
                 self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
             self.source = BatchSource(self.user.dataset, self.user.collate_fn, a.auto_batch, a.seed, a.rank,
-                                      self.stream, a.worker_id, a.num_workers)
+                                      self.stream, a.worker_id, a.num_workers, StackPlans())
         except Exception as exc:
             self.send(StartupFailed(a.worker_id, RemoteError.capture(exc)))
             return False
@@ -190,27 +180,13 @@ class _WorkerLoop:
 
     # ------------------------------------------------------------ messages
     def recv(self) -> Any:
-        """The next message: from what was read already if it holds one (no system call),
-        else after waiting for more."""
-        return self.next_from(self.inbox.next_message)
+        return self.port.recv()
 
     def recv_fd(self) -> int:
-        return self.next_from(self.inbox.take_fd)
-
-    def next_from(self, take: Callable[[], Any]) -> Any:
-        """``take()``'s first result that is not None, reading the socket until then."""
-        while (item := take()) is None:
-            self.wait_readable()
-        return item
-
-    def wait_readable(self) -> None:
-        while not self.poller.poll(WATCHDOG_INTERVAL * 1000):
-            if os.getppid() != self.parent:
-                raise _ParentGone()
-        self.inbox.read()
+        return self.port.recv_fd()
 
     def send(self, msg: Any) -> None:
-        self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # plain data, see messages.py
+        self.port.send(msg)
 
     def run(self) -> None:
         while True:
@@ -269,7 +245,7 @@ class _WorkerLoop:
         point = None
         try:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
-                src.dataset, src.collate_fn, src.auto_batch, load) else None
+                src.dataset, src.collate_fn, src.auto_batch, load) and not self.small_samples(load) else None
             plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it
@@ -286,7 +262,14 @@ class _WorkerLoop:
 
     def load_rowwise(self, indices: Any, timer: BatchTimer) -> Plan | None:
         """The batch written row by row into its slot as it is fetched (rowwise.py)."""
-        return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space)
+        return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans)
+
+    def small_samples(self, indices: Any) -> bool:
+        """Does the cached plan for this batch size say its samples are too small to be
+        worth writing row by row (NOTE [ The cached plan ], collate.py)? Then the batch
+        takes the default path, and its cached plan."""
+        per_sample = self.source.plans.sample_bytes(len(indices))
+        return per_sample is not None and per_sample < rowwise.MIN_SAMPLE_BYTES
 
     def slot_space(self, nbytes: int) -> Any:
         """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,
@@ -330,7 +313,7 @@ class _WorkerLoop:
 
     def done(self, task: Task, plan: Plan, point: StreamPoint | None) -> None:
         try:
-            layout = self.pickled_layout(plan.layout)
+            layout_id, layout = self.layout_ids.ref(plan.layout)
         except Exception as exc:
             try:
                 raise WorkerError("the batch holds a value that cannot be pickled to the main process "
@@ -340,7 +323,7 @@ class _WorkerLoop:
             return
         self.timer.nbytes = plan.layout.nbytes
         self.record()
-        self.send(Done(task.iteration, task.seq, layout, point))
+        self.send(Done(task.iteration, task.seq, layout_id, layout, point))
 
     def record(self) -> None:
         """Add the batch at hand to the counters, once. Called just before its result is
@@ -350,18 +333,6 @@ class _WorkerLoop:
             self.timer.record(self.recorder)
         self.recording = False
 
-    def pickled_layout(self, layout: Layout) -> bytes:
-        """The layout's pickle, reused while batches keep the same layout. Only layouts of
-        arrays alone are compared: object leaves hold the user's values, whose ``==`` may
-        be expensive or not a plain bool."""
-        if any(type(leaf) is ObjectValue for leaf in layout.leaves):
-            return bytes(reduction.ForkingPickler.dumps(layout))
-        if layout == self.last_layout[0]:
-            return self.last_layout[1]
-        data = pickle.dumps(layout, pickle.HIGHEST_PROTOCOL)
-        self.last_layout = (layout, data)
-        return data
-
     def fail(self, task: Task, exc: BaseException, point: StreamPoint | None = None) -> None:
         error = RemoteError.capture(exc)
         self.record()
@@ -369,21 +340,12 @@ class _WorkerLoop:
 
     def close(self) -> None:
         for seg in self.segments.values():
-            try:
-                seg.close()
-            except BufferError:
-                pass
+            _close_mapping(seg)
         self.segments.clear()
         if self.recorder is not None:
             self.recorder.close()
             self.recorder = None
         if self.board is not None:
-            try:
-                self.board.close()
-            except BufferError:
-                pass
-        self.inbox.close()
-        try:
-            self.conn.close()
-        except OSError:
-            pass
+            _close_mapping(self.board)
+        self.port.close()
+

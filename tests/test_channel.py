@@ -234,8 +234,8 @@ def test_the_workers_messages_reach_the_main_side_intact(ends):
     msgs = [
         Ready(2, 12345),
         StartupFailed(2, error),
-        Done(0, 0, b"layout" * 10),
-        Done(0, 1, b"x" * 40000, StreamPoint(3, {"state": [1, 2]})),  # Connection writes header and body apart
+        Done(0, 0, -1, b"layout" * 10),
+        Done(0, 1, -1, b"x" * 40000, StreamPoint(3, {"state": [1, 2]})),  # Connection writes header and body apart
         NeedSpace(0, 2, 1 << 22),
         Failed(0, 3, error, StreamPoint(4, None)),
         Exhausted(0, 4),
@@ -323,7 +323,7 @@ def test_the_main_side_reassembles_a_frame_fed_one_byte_at_a_time():
     ours, worker = socket.socketpair()  # a raw worker side, to write byte by byte
     channel = Channel(ours)
     try:
-        msgs = [Done(0, 0, b"layout"), NeedSpace(0, 1, 1 << 20)]
+        msgs = [Done(0, 0, -1, b"layout"), NeedSpace(0, 1, 1 << 20)]
         got = []
         for msg in msgs:
             frame = frame_bytes(msg)
@@ -351,7 +351,7 @@ def test_a_message_larger_than_a_read_reaches_the_worker_whole(ends):
 
 
 def test_a_message_larger_than_a_read_reaches_the_main_side_whole(ends):
-    msgs = [Done(0, 0, b"a"), Done(0, 1, bytes(range(256)) * (BIG // 256)), Exhausted(0, 2)]
+    msgs = [Done(0, 0, -1, b"a"), Done(0, 1, -1, bytes(range(256)) * (BIG // 256)), Exhausted(0, 2)]
     # The worker's Connection blocks until the main side reads: send from a thread.
     sender = threading.Thread(target=lambda: [worker_send(ends, m) for m in msgs], daemon=True)
     sender.start()
@@ -501,8 +501,8 @@ def test_the_main_side_never_blocks_and_a_full_socket_queues_in_order(ends, owne
     ends.channel.flush()  # nothing more fits: returns, still queued
     assert ends.channel.backlogged
 
-    worker_send(ends, Done(0, 0, b"while the main side's outbox is full"))
-    assert main_receive(ends.channel, 1) == [Done(0, 0, b"while the main side's outbox is full")]
+    worker_send(ends, Done(0, 0, -1, b"while the main side's outbox is full"))
+    assert main_receive(ends.channel, 1) == [Done(0, 0, -1, b"while the main side's outbox is full")]
 
     got = exchange(ends, len(plan), owned)
     assert same_types([m for m, _ in got], [m for m, _ in plan])
@@ -525,8 +525,8 @@ def test_an_inbox_read_with_nothing_waiting_returns_at_once(ends):
 # ---------------------------------------------------------------- end-of-file, a closed peer
 def test_the_main_side_sees_end_of_file_after_the_last_messages(ends):
     worker_send(ends, Ready(0, 1))
-    worker_send(ends, Done(0, 0, b"last"))
-    os.write(ends.conn.fileno(), frame_bytes(Done(0, 1, b"cut short"))[:9])  # a frame the worker died writing
+    worker_send(ends, Done(0, 0, -1, b"last"))
+    os.write(ends.conn.fileno(), frame_bytes(Done(0, 1, -1, b"cut short"))[:9])  # a frame the worker died writing
     ends.close_worker()
     frames = []
     deadline = time.monotonic() + WAIT
@@ -534,7 +534,7 @@ def test_the_main_side_sees_end_of_file_after_the_last_messages(ends):
         assert time.monotonic() < deadline, "no end-of-file"
         select.select([ends.channel], [], [], WAIT)
         frames += ends.channel.receive()
-    assert same_types([pickle.loads(f) for f in frames], [Ready(0, 1), Done(0, 0, b"last")])
+    assert same_types([pickle.loads(f) for f in frames], [Ready(0, 1), Done(0, 0, -1, b"last")])
     assert ends.channel.receive() == [] and ends.channel.eof  # and again, without raising
 
 

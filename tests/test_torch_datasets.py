@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader, ShmloadWarning
-from shmload import supervisor
+from shmload import shipping
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -86,13 +86,13 @@ def test_a_restarted_worker_gets_the_tensors_too(method):
 @pytest.mark.parametrize("dataset,pickles", [(Arrays(20), 1), (tensors(), 2)], ids=["arrays", "tensors"])
 def test_the_dataset_is_pickled_again_per_worker_only_when_it_holds_tensors(monkeypatch, dataset, pickles):
     calls = []
-    real = supervisor._pickled_user_code
+    real = shipping._pickled_user_code
 
     def counted(*args):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(supervisor, "_pickled_user_code", counted)
+    monkeypatch.setattr(shipping, "_pickled_user_code", counted)
     loader = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context="spawn", timeout=30)
     assert len(list(loader)) == 4
     assert len(calls) == pickles

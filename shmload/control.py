@@ -1,0 +1,369 @@
+"""Control: the per-batch messages between the main process and each worker, in shared memory.
+
+Each worker has two single-producer single-consumer queues of variable-size records in
+one shared-memory segment (:class:`ControlBlock`): *tasks* (main -> worker) and
+*completions* (worker -> main). A batch's task and its completion cost no system call
+while the other side is awake: a record is copied into the queue and a semaphore's
+count goes up. The Unix socket of each worker (``channel.py``) carries only what is
+rare: file descriptors, the control segment itself at start-up, and a record too large
+for its queue (announced in the queue by a :data:`NOTICE`, so order is kept).
+
+NOTE [ How a record becomes visible ]
+    Python and numpy have no atomics, so no index in shared memory is ever read as a
+    synchronisation variable. Every queue has two process-shared POSIX semaphores
+    (``sem_init(pshared=1)`` in the segment itself, called through ``ctypes``):
+
+    * ``items`` counts records published and not yet taken. The producer copies a
+      record into the queue with plain stores, then ``sem_post(items)``; the consumer
+      reads a record only after its ``sem_trywait(items)`` (or ``sem_clockwait``)
+      succeeded.
+    * ``free`` counts records taken whose bytes may be reused. The consumer copies the
+      record out (one ``bytes`` slice), then ``sem_post(free)``; the producer overwrites
+      a record's bytes only after a ``sem_trywait(free)`` that took that record's token.
+      Each side keeps its own position in a private variable: the producer remembers
+      the size of each record it wrote, so a free token tells it how far the space
+      freed reaches. No head or tail is shared.
+
+    POSIX lists ``sem_post`` and ``sem_wait``/``sem_trywait`` among the functions that
+    synchronise memory (XBD 4.12): whatever a process wrote before ``sem_post`` is seen
+    by the process whose wait took that post. glibc implements post as an atomic
+    fetch-add with release order and the waits as a compare-and-swap with acquire order.
+    On x86-64 those are ``lock``-prefixed instructions, full barriers; plain stores are
+    not reordered with each other there (TSO), so even without the semaphores the only
+    hazard would be the compiler, which cannot move stores across an opaque call. On
+    ARM64, where plain stores and loads may be reordered with each other, the release
+    (``stlr``/``ldaddl``) orders the record's bytes before the count and the acquire
+    (``ldaxr``/``casa``) orders the count before the reads of the record: the same
+    argument, made by the instructions instead of by the architecture's default.
+
+NOTE [ A doorbell rung only for a sleeper ]
+    glibc's semaphore is a 64-bit word holding the count and the number of waiters.
+    ``sem_post`` adds to the count with one atomic instruction and makes the
+    ``futex_wake`` system call only if the waiter count says someone is asleep; a waiter
+    registers itself *before* it sleeps and sleeps in ``futex_wait``, which rechecks the
+    word in the kernel. That is the notification suppression of virtio and io_uring
+    ("the receiver has said it is about to sleep"), with the store-then-check ordering
+    that a hand-made flag in shared memory would need and Python cannot express done by
+    single atomic read-modify-writes. So while a worker is busy loading, a task costs
+    the main process no system call, and while the main process is busy training, a
+    completion costs the worker none.
+
+    The main process waits for any of its workers, so every completion is also posted
+    to one shared ``bell``. Taking a record consumes a bell token when there is one; the
+    main process sleeps only after draining the bell and finding every queue empty once
+    more (:meth:`ControlBlock.wait`), so a record published at any moment either is
+    found by that last scan or posts the bell after it: no wake-up is lost.
+
+NOTE [ Deaths and the queues ]
+    A process killed at any instruction leaves a queue in one of three states: a
+    record written but not posted (never read: the batch is re-sent to a replacement or
+    reported), a token taken but its record not yet copied (only the dead worker's own
+    queues), or a waiter count raised for a sleeper that will never wake (only its own
+    task semaphore, or the bell if the main process died). A dead worker's queues are
+    therefore re-initialised for its replacement (:meth:`ControlBlock.reset`), after the
+    main process has taken every record it published; nothing the main process waits on
+    can be left blocked by a worker, since the main process never waits on a worker's
+    semaphore without a time-out and checks for deaths between its waits (``supervisor.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import time
+from collections import deque
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# ---------------------------------------------------------------- the semaphores, through ctypes
+_libc = ctypes.CDLL(None, use_errno=True)  # waits that block: the GIL is released
+_libc_fast = ctypes.PyDLL(None, use_errno=True)  # post/trywait never block: keep the GIL (~0.26 us a call)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _fn(lib: Any, name: str, *args: Any) -> Any:
+    fn = getattr(lib, name, None)
+    if fn is not None:
+        fn.argtypes, fn.restype = list(args), ctypes.c_int
+    return fn
+
+
+_sem_init = _fn(_libc, "sem_init", ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
+_sem_destroy = _fn(_libc, "sem_destroy", ctypes.c_void_p)
+_sem_post = _fn(_libc_fast, "sem_post", ctypes.c_void_p)
+_sem_trywait = _fn(_libc_fast, "sem_trywait", ctypes.c_void_p)
+# sem_clockwait (glibc 2.30) waits on CLOCK_MONOTONIC; sem_timedwait on the wall clock,
+# which a clock change could stretch (the waits are short and retried either way).
+_sem_clockwait = _fn(_libc, "sem_clockwait", ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec))
+_sem_timedwait = _fn(_libc, "sem_timedwait", ctypes.c_void_p, ctypes.POINTER(_Timespec))
+
+SEM_SLOT = 64  # bytes per semaphore (sizeof(sem_t) is 32 on 64-bit Linux), one cache line each
+
+
+class Semaphore:
+    """A process-shared POSIX semaphore at address ``addr`` of a shared mapping."""
+
+    __slots__ = ("addr",)
+
+    def __init__(self, addr: int):
+        self.addr = addr
+
+    def init(self, value: int = 0) -> None:
+        if _sem_init(self.addr, 1, value) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"sem_init: {os.strerror(err)}")
+
+    def post(self) -> None:
+        if _sem_post(self.addr) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"sem_post: {os.strerror(err)}")
+
+    def trywait(self) -> bool:
+        return _sem_trywait(self.addr) == 0
+
+    def wait(self, timeout: float) -> bool:
+        """Take a token, sleeping up to ``timeout`` seconds; False if none came (or a
+        signal interrupted the sleep: the caller's loop checks and waits again)."""
+        if _sem_clockwait is not None:
+            deadline = time.monotonic() + timeout
+            ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+            return _sem_clockwait(self.addr, time.CLOCK_MONOTONIC, ctypes.byref(ts)) == 0
+        deadline = time.time() + timeout
+        ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+        return _sem_timedwait(self.addr, ctypes.byref(ts)) == 0
+
+
+# ---------------------------------------------------------------- one queue
+_LEN = struct.Struct("<I")
+_WRAP = 0xFFFFFFFF  # "the next record starts at offset 0"
+RING_HEADER = 2 * SEM_SLOT  # items, free
+
+
+def _padded(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class _Queue:
+    __slots__ = ("mm", "base", "capacity", "items", "free")
+
+    def __init__(self, mm: Any, base: int, capacity: int, address: int):
+        self.mm, self.base, self.capacity = mm, base, capacity
+        self.items = Semaphore(address + base)
+        self.free = Semaphore(address + base + SEM_SLOT)
+
+    @property
+    def data(self) -> int:
+        return self.base + RING_HEADER
+
+    @property
+    def max_record(self) -> int:
+        """The largest payload :meth:`Producer.put` takes; larger ones go by the socket."""
+        return self.capacity // 4 - _LEN.size
+
+
+class Producer:
+    """The writing end of one queue. Only one process, one thread at a time, writes."""
+
+    __slots__ = ("q", "_pos", "_used", "_sizes", "max_record", "_data", "_cap", "_mm", "_post", "_items",
+                 "_trywait", "_free")
+
+    def __init__(self, q: _Queue):
+        self.q = q
+        self.max_record = q.max_record
+        self._data, self._cap, self._mm = q.data, q.capacity, q.mm
+        self._post, self._items = _sem_post, q.items.addr
+        self._trywait, self._free = _sem_trywait, q.free.addr
+        self.reset()
+
+    def reset(self) -> None:
+        self._pos = 0  # where the next record goes (offset in the data area)
+        self._used = 0  # bytes of records not yet freed by the consumer
+        self._sizes: deque[int] = deque()  # bytes each unfreed record spans, oldest first
+
+    def put(self, payload: bytes | bytearray | memoryview, *more: bytes) -> bool:
+        """Publish one record (``payload`` followed by ``more``); False if the queue has no
+        room for it now. Records over :attr:`max_record` bytes are the caller's to send
+        another way."""
+        n = len(payload) + sum(map(len, more)) if more else len(payload)
+        need = _LEN.size + _padded(n)
+        pos, cap = self._pos, self._cap
+        span = need if pos + need <= cap else cap - pos + need  # a record never wraps: it skips the end
+        while self._used + span > cap:
+            if self._trywait(self._free) != 0:
+                return False
+            self._used -= self._sizes.popleft()
+        mm, data = self._mm, self._data
+        if span != need:
+            _LEN.pack_into(mm, data + pos, _WRAP)
+            pos = 0
+        _LEN.pack_into(mm, data + pos, n)
+        start = data + pos + _LEN.size
+        end = start + len(payload)
+        mm[start:end] = payload
+        for part in more:
+            mm[end:end + len(part)] = part
+            end += len(part)
+        self._pos = (pos + need) % cap
+        self._used += span
+        self._sizes.append(span)
+        if self._post(self._items) != 0:  # NOTE [ How a record becomes visible ]
+            err = ctypes.get_errno()
+            raise OSError(err, f"sem_post: {os.strerror(err)}")
+        return True
+
+    def wait_for_room(self, timeout: float) -> None:
+        """Sleep until the consumer frees a record (or ``timeout`` passes), keeping its token."""
+        if self.q.free.wait(timeout):
+            self._used -= self._sizes.popleft()
+
+
+class Consumer:
+    """The reading end of one queue."""
+
+    __slots__ = ("q", "_pos", "_data", "_cap", "_mm", "_trywait", "_items", "_post", "_free")
+
+    def __init__(self, q: _Queue):
+        self.q = q
+        self._data, self._cap, self._mm = q.data, q.capacity, q.mm
+        self._trywait, self._items = _sem_trywait, q.items.addr
+        self._post, self._free = _sem_post, q.free.addr
+        self.reset()
+
+    def reset(self) -> None:
+        self._pos = 0
+
+    def take(self) -> bytes | None:
+        """The next record, or None if none is published."""
+        if self._trywait(self._items) != 0:
+            return None
+        return self._read()
+
+    def wait(self, timeout: float) -> bytes | None:
+        """The next record, sleeping up to ``timeout`` seconds for one."""
+        if self._trywait(self._items) != 0 and not self.q.items.wait(timeout):
+            return None
+        return self._read()
+
+    def _read(self) -> bytes:
+        mm, data, pos = self._mm, self._data, self._pos
+        (n,) = _LEN.unpack_from(mm, data + pos)
+        if n == _WRAP:
+            pos = 0
+            (n,) = _LEN.unpack_from(mm, data)
+        start = data + pos + _LEN.size
+        record = mm[start:start + n]  # a copy: the bytes are the producer's again after the post below
+        self._pos = (pos + _LEN.size + _padded(n)) % self._cap
+        self._post(self._free)
+        return record
+
+
+# ---------------------------------------------------------------- the segment: a bell and one area per worker
+class Area(NamedTuple):
+    """Where worker ``worker``'s two queues lie in the control segment."""
+
+    tasks: int  # offset of the task queue's header
+    task_bytes: int
+    completions: int
+    completion_bytes: int
+
+
+TASK_BYTES = 128 * 1024  # per worker: 16 tasks of 1,024 indices each with room to spare
+COMPLETION_BYTES = 64 * 1024
+
+
+def layout_areas(workers: int, task_bytes: int = TASK_BYTES,
+                 completion_bytes: int = COMPLETION_BYTES) -> tuple[list[Area], int]:
+    """Each worker's :class:`Area` and the segment's size (the bell at offset 0)."""
+    areas, offset = [], SEM_SLOT
+    for _ in range(workers):
+        tasks = offset
+        completions = tasks + RING_HEADER + task_bytes
+        areas.append(Area(tasks, task_bytes, completions, completion_bytes))
+        offset = completions + RING_HEADER + completion_bytes
+    return areas, offset
+
+
+def _address(mm: Any) -> tuple[np.ndarray, int]:
+    anchor = np.frombuffer(mm, dtype=np.uint8)  # an export of the mapping, held while it is used
+    return anchor, anchor.ctypes.data
+
+
+class WorkerEnd:
+    """A worker's view of its area: it takes tasks and publishes completions."""
+
+    def __init__(self, mm: Any, area: Area):
+        self._anchor, address = _address(mm)
+        self.tasks = Consumer(_Queue(mm, area.tasks, area.task_bytes, address))
+        self.completions = Producer(_Queue(mm, area.completions, area.completion_bytes, address))
+        self.bell = Semaphore(address)
+        self._post = _sem_post
+
+    def publish(self, payload: bytes, *more: bytes) -> bool:
+        """Put a completion and ring the bell (NOTE [ A doorbell rung only for a sleeper ])."""
+        if not self.completions.put(payload, *more):
+            return False
+        self._post(self.bell.addr)
+        return True
+
+    def close(self) -> None:
+        self.tasks = self.completions = None  # type: ignore[assignment]
+        self._anchor = None
+
+
+class ControlBlock:
+    """The main process's side of the control segment: every worker's queues, and the bell."""
+
+    def __init__(self, mm: Any, workers: int):
+        self.areas, size = layout_areas(workers)
+        if len(mm) < size:
+            raise ValueError(f"control segment of {len(mm)} bytes, {size} needed")
+        self._anchor, address = _address(mm)
+        self.bell = Semaphore(address)
+        self.bell.init(0)
+        self.tasks: list[Producer] = []
+        self.completions: list[Consumer] = []
+        for area in self.areas:
+            self.tasks.append(Producer(_Queue(mm, area.tasks, area.task_bytes, address)))
+            self.completions.append(Consumer(_Queue(mm, area.completions, area.completion_bytes, address)))
+        for wid in range(workers):
+            self.reset(wid)
+
+    @staticmethod
+    def size(workers: int) -> int:
+        return layout_areas(workers)[1]
+
+    def reset(self, wid: int) -> None:
+        """Fresh queues for worker ``wid`` (a new or restarted worker; NOTE [ Deaths and the
+        queues ]): both semaphores of both queues re-initialised, positions at 0."""
+        for end in (self.tasks[wid], self.completions[wid]):
+            end.q.items.init(0)
+            end.q.free.init(0)
+            end.reset()
+
+    def take(self, wid: int) -> bytes | None:
+        """Worker ``wid``'s next completion, or None; consumes a bell token if there is one."""
+        record = self.completions[wid].take()
+        if record is not None:
+            self.bell.trywait()
+        return record
+
+    def drain_bell(self) -> None:
+        """Before the last scan ahead of a sleep: drop the bell's tokens, so that only a
+        completion published after that scan can wake :meth:`sleep` at once (NOTE [ A
+        doorbell rung only for a sleeper ])."""
+        trywait, bell = _sem_trywait, self.bell.addr
+        while trywait(bell) == 0:
+            pass
+
+    def sleep(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, or until a worker rings the bell."""
+        self.bell.wait(timeout)
+
+    def close(self) -> None:
+        self.tasks, self.completions = [], []
+        self._anchor = None
