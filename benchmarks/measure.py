@@ -32,7 +32,7 @@ import psutil
 
 from . import peers
 from .host import children_cpu_seconds
-from .workloads import WORKLOADS, Step, load_batch
+from .workloads import WORKLOADS, Step, getitem_ms, load_batch
 
 
 def first_values(images: Any) -> np.ndarray:
@@ -112,6 +112,7 @@ def measure(workload_name: str, loader: str, quick: bool, workers: int, start_me
     if reason is not None:
         return result | {"skipped": reason}
     checksum = expected_checksum(dataset, batches) if workload.deterministic else None
+    result["getitem_ms"] = getitem_ms(dataset, batches)
     expected = (len(dataset), workload.deterministic)  # deterministic workloads label samples by index
 
     step = None

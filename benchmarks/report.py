@@ -34,6 +34,9 @@ def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
             abs(e["checksum"] - run["expected_checksum"]) <= 1e-6 * max(1.0, abs(run["expected_checksum"]))
             for e in epochs if e["duplicates"] == 0),
     }
+    if "getitem_ms" in run:
+        out["getitem_ms"] = run["getitem_ms"]
+        out["workers_beyond_getitem_ms"] = out["workers_cpu_ms"] - run["getitem_ms"]
     if "peak_pss" in run:
         out["peak_pss_mb"] = run["peak_pss"] / MB
         out["peak_pss_above_start_mb"] = (run["peak_pss"] - run["baseline_pss"]) / MB
@@ -129,6 +132,10 @@ def table(workload: str, rows: dict[str, dict[str, Any]], ceilings: dict[str, An
             f"{rate:.0f}", _ratio(r["batches_per_s"], shm), _ratio(r["batches_per_s"], single), last,
             f"{r['time_to_first_batch']:.3f}", f"{r['consumer_cpu_ms']:.2f}", f"{r['main_cpu_ms']:.2f}",
             f"{r['workers_cpu_ms']:.2f}", pss, ", ".join(checks) or "ok"]) + " |")
+    getitem = next((r["getitem_ms"] for r in rows.values() if "getitem_ms" in r), None)
+    if getitem is not None:
+        lines.append(f"\nThe dataset's __getitem__ alone: {1e3 * getitem:.0f} us of CPU per batch "
+                     "(in the measuring process; workers CPU minus this is a loader's own cost).")
     if ceiling:
         lines.append(f"\nCeiling: {ceiling[0]:.0f} {unit} ({ceiling[1]}).")
     return "\n".join(lines)
@@ -161,6 +168,10 @@ def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _scaled(a: float | None, factor: float) -> float | None:
+    return a * factor if a is not None else None
+
+
 def targets(results: dict[str, dict[str, Any]], ceilings: dict[str, Any] | None, workers: int) -> list[Target]:
     """The issue's targets, evaluated on one run's combined results."""
     shm = lambda w, k="batches_per_s": _get(results, w, "shmload", k)  # noqa: E731
@@ -173,13 +184,17 @@ def targets(results: dict[str, dict[str, Any]], ceilings: dict[str, Any] | None,
         Target("transport-big: shmload / single-process loop", _div(shm("transport-big"), peer("transport-big", "single")), 1.5),
         Target("transport-big: shmload / best tensorpack", _div(shm("transport-big"), tp_best), 3),
         Target("tiny: shmload / torch DataLoader", _div(shm("tiny"), peer("tiny", "torch")), 12),
-        Target("tiny: shmload / tensorpack MultiProcessRunnerZMQ", _div(shm("tiny"), peer("tiny", "tp-runner")), 1),
+        Target("tiny: shmload / tensorpack MultiProcessRunnerZMQ", _div(shm("tiny"), peer("tiny", "tp-runner")), 1.1),
+        Target("tiny: shmload / single-process loop", _div(shm("tiny"), peer("tiny", "single")), 1.25),
+        Target("tiny: shmload's main-process CPU per batch, us", _scaled(shm("tiny", "main_cpu_ms"), 1e3), 50, False),
+        Target("tiny: shmload's worker CPU per batch beyond the dataset's __getitem__, us",
+               _scaled(shm("tiny", "workers_beyond_getitem_ms"), 1e3), 60, False),
         Target("jpeg: shmload / (workers x one-core pipeline rate)",
                _div(shm("jpeg", "images_per_s"), jpeg_ceiling[0] if jpeg_ceiling else None), 0.95),
         Target("jpeg: shmload / (workers independent processes running the pipeline, no loader)",
                _div(shm("jpeg", "images_per_s"),
                     (ceilings or {}).get("jpeg_one_core", {}).get("independent_processes_images_per_s")), 0.95),
-        Target("consumer: shmload epoch / the steps alone", shm("consumer", "vs_steps_alone"), 1.15, False),
+        Target("consumer: shmload epoch / the steps alone", shm("consumer", "vs_steps_alone"), 1.10, False),
     ]
     for w in results:
         a, b = shm(w, "peak_pss_above_start_mb"), peer(w, "torch", "peak_pss_above_start_mb")

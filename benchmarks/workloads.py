@@ -12,6 +12,8 @@ and what shmload's and torch's default collate produce.
 * ``jpeg``: a synthetic folder of ~500x375 JPEGs (ImageNet's typical size), decoded with
   Pillow, RandomResizedCrop to 224 with torchvision's parameter rules, random flip.
 * ``tiny``: 32 float32 values + a label, batch 256: the per-batch control overhead.
+* ``rows``: 1 KiB rows (256 float32) of an in-memory numpy table + a label, batch 1,024:
+  the "dataset already in memory" case, where a loader's cost per sample decides.
 * ``consumer``: ``transport`` with a consumer that does a fixed amount of compute per
   batch (``Step``), a stand-in for a training step.
 """
@@ -59,6 +61,13 @@ class TinyRows:
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         return self.rows[i], i
+
+
+class InMemoryRows(TinyRows):
+    """Sample ``i`` is row ``i`` of an in-memory float32 table of 1 KiB rows, and the label ``i``."""
+
+    def __init__(self, length: int, width: int = 256, seed: int = 0):
+        super().__init__(length, width, seed)
 
 
 class JpegFolder:
@@ -113,6 +122,20 @@ def load_batch(dataset: Any, indices: list[int]) -> tuple[np.ndarray, np.ndarray
     """The batch every loader produces: stacked arrays and int64 labels."""
     samples = [dataset[i] for i in indices]
     return np.stack([s[0] for s in samples]), np.array([s[1] for s in samples], dtype=np.int64)
+
+
+def getitem_ms(dataset: Any, batches: list[list[int]], count: int = 50) -> float:
+    """CPU milliseconds of the dataset's ``__getitem__`` alone per batch (a list of the
+    samples, as a fetcher builds it), the median of up to ``count`` batches: what a
+    loader's workers must spend in any case, so that ``workers CPU - this`` is the
+    loader's own cost per batch."""
+    times = []
+    for b in batches[:count]:
+        t0 = time.thread_time()
+        samples = [dataset[i] for i in b]
+        times.append(time.thread_time() - t0)
+        del samples
+    return 1e3 * sorted(times)[len(times) // 2]
 
 
 # ---------------------------------------------------------------- the consumer's step
@@ -174,6 +197,8 @@ WORKLOADS = {w.name: w for w in (
              note="~500x375 JPEG decode + RandomResizedCrop 224 + flip, batch 64", deterministic=False),
     Workload("tiny", 256, 600, 200, lambda n: TinyRows(n), "MB",
              note="32 float32 + label, batch 256"),
+    Workload("rows", 1024, 120, 40, lambda n: InMemoryRows(n), "MB",
+             note="1 KiB rows (256 float32) of an in-memory table + label, batch 1024"),
     Workload("consumer", 64, 40, 16, lambda n: CachedImages(n, (3, 224, 224)), "MB", step_ms=19.0,
              note="transport with a 19 ms single-threaded compute step per batch"),
 )}

@@ -1,0 +1,184 @@
+"""Where a small batch's time goes: shmload's per-batch costs, main process and workers.
+
+    python -m benchmarks.per_batch [--workload tiny] [--batches 3000] [--repeat 3]
+
+Runs one loader (2 workers, persistent, its default prefetch) over the workload's
+dataset and reports, per batch, medians of ``--repeat`` runs:
+
+* main process: CPU (``process_time``), and its voluntary context switches (each one a
+  sleep, hence a wake-up someone paid a system call for);
+* workers: CPU (psutil), the dataset's ``__getitem__`` alone (timed in this process on
+  the same batches), the loader's own cost (CPU minus ``__getitem__``), and the stages
+  the loader's profiler records (``loader.stats()``: fetch, collate = plan + write,
+  other = seeding and reporting, wait = waiting for a task), and their context switches.
+
+It imports whichever ``shmload`` comes first on ``sys.path``, so the same script measures
+an older checkout: ``PYTHONPATH=/path/to/old/checkout python benchmarks/per_batch.py``.
+Speed is never asserted; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import importlib.util
+
+import psutil
+
+import shmload
+
+
+def _workloads():
+    """This directory's workloads.py, whichever checkout's shmload is imported (an older
+    one on PYTHONPATH has its own benchmarks/, without this workload table)."""
+    spec = importlib.util.spec_from_file_location("_per_batch_workloads", Path(__file__).with_name("workloads.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+_w = _workloads()
+WORKLOADS, getitem_ms = _w.WORKLOADS, _w.getitem_ms
+
+
+MAIN_STAGES = {  # Session's methods, the same in older checkouts: what each does per batch
+    "try_dispatch": "dispatch (task made and handed to the control path)",
+    "flush": "flush (tasks leave: a socket write, or a queue record)",
+    "poll": "poll (wait for and take completions, decode, bookkeeping)",
+    "deliver": "deliver (views into the slot, the batch built)",
+}
+
+
+class StageClock:
+    """CPU time (``thread_time``) spent inside some of Session's methods, by wrapping them."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(MAIN_STAGES, 0.0)
+        self._saved: list = []
+
+    def install(self) -> None:
+        from shmload.session import Session
+        for name in MAIN_STAGES:
+            real = getattr(Session, name)
+            self._saved.append((name, real))
+            setattr(Session, name, self._timed(name, real))
+
+    def _timed(self, name, real):
+        clock, seconds = time.thread_time, self.seconds
+
+        def timed(*args, **kwargs):
+            t0 = clock()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                seconds[name] += clock() - t0
+        return timed
+
+    def remove(self) -> None:
+        from shmload.session import Session
+        for name, real in self._saved:
+            setattr(Session, name, real)
+
+
+def one_run(workload: str, batches: int, workers: int, stages: bool = False) -> dict[str, float]:
+    w = WORKLOADS[workload]
+    per_epoch = min(batches, 600)
+    dataset = w.make_dataset(w.batch_size * per_epoch)
+    index_batches = [list(range(s, s + w.batch_size)) for s in range(0, len(dataset), w.batch_size)]
+    getitem = getitem_ms(dataset, index_batches)
+    loader = shmload.DataLoader(dataset, batch_size=w.batch_size, num_workers=workers, persistent_workers=True,
+                                seed=0, timeout=60)
+    try:
+        for _ in loader:  # warm-up: workers started, ring sized, caches warm
+            pass
+        me = psutil.Process()
+        kids = me.children()
+        cpu0 = time.process_time()
+        ctx0 = me.num_ctx_switches().voluntary
+        kid_cpu0 = {k.pid: sum(k.cpu_times()[:2]) for k in kids}
+        kid_ctx0 = {k.pid: k.num_ctx_switches().voluntary for k in kids}
+        loader.reset_stats()  # the profiler's window starts here
+        clock = StageClock()
+        if stages:
+            clock.install()
+        t0 = time.perf_counter()
+        n = 0
+        while n < batches:
+            for _ in loader:
+                n += 1
+        seconds = time.perf_counter() - t0
+        stats = loader.stats(memory=False)
+        main_cpu = time.process_time() - cpu0
+        main_ctx = me.num_ctx_switches().voluntary - ctx0
+        kid_cpu = sum(sum(k.cpu_times()[:2]) - kid_cpu0[k.pid] for k in kids)
+        kid_ctx = sum(k.num_ctx_switches().voluntary - kid_ctx0[k.pid] for k in kids)
+    finally:
+        clock.remove()
+        loader.close()
+    us = 1e6 / n
+    done = sum(s.batches for s in stats.workers) or 1
+    stage = lambda name: 1e6 * sum(getattr(s, name) for s in stats.workers) / done  # noqa: E731
+    out = {f"main_{name}_us": clock.seconds[name] * us for name in MAIN_STAGES} if stages else {}
+    return out | {
+        "batches_per_s": n / seconds,
+        "main_cpu_us": main_cpu * us,
+        "main_ctx_per_batch": main_ctx / n,
+        "workers_cpu_us": kid_cpu * us,
+        "workers_ctx_per_batch": kid_ctx / n,
+        "getitem_us": 1e3 * getitem,
+        "workers_own_us": kid_cpu * us - 1e3 * getitem,
+        "worker_fetch_us": stage("fetch"),
+        "worker_collate_us": stage("collate"),
+        "worker_other_us": stage("other"),
+        "worker_wait_us": stage("wait"),
+    }
+
+
+LABELS = {
+    "batches_per_s": "batches/s",
+    "main_cpu_us": "main process CPU, us per batch",
+    "main_ctx_per_batch": "main process sleeps (voluntary context switches) per batch",
+    "workers_cpu_us": "workers CPU, us per batch (all workers)",
+    "getitem_us": "  of which the dataset's __getitem__ alone, us",
+    "workers_own_us": "  the rest: the loader's own cost in the workers, us",
+    "worker_fetch_us": "worker stage: fetch (__getitem__ in the loop, index checks), us",
+    "worker_collate_us": "worker stage: collate (plan + write into the slot), us",
+    "worker_other_us": "worker stage: other (seeding, reporting the batch), us",
+    "worker_wait_us": "worker stage: waiting for a task, us",
+    "workers_ctx_per_batch": "worker sleeps (voluntary context switches) per batch",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS))
+    p.add_argument("--batches", type=int, default=3000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", type=Path, default=None, help="write the medians here too")
+    p.add_argument("--main-stages", action="store_true",
+                   help="also time the main process's stages (wrapping Session's methods costs ~1 us each)")
+    args = p.parse_args(argv)
+    runs = [one_run(args.workload, args.batches, args.workers, args.main_stages) for _ in range(args.repeat)]
+    medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    where = os.path.dirname(shmload.__file__)
+    print(f"shmload {shmload.__version__} from {where}; {args.workload}, {args.workers} workers, "
+          f"{args.batches} batches, median of {args.repeat} runs")
+    labels = LABELS | ({f"main_{k}_us": f"main stage: {v}, us" for k, v in MAIN_STAGES.items()}
+                       if args.main_stages else {})
+    for key, label in labels.items():
+        print(f"  {label:<64} {medians[key]:10.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"shmload": where, "medians": medians, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
