@@ -93,8 +93,10 @@ class Supervisor:
         # no room for yet (each a list of parts), oldest first
         self._outgoing: list[list] = [[] for _ in range(num_workers)]
         self._overflow: list[deque] = [deque() for _ in range(num_workers)]
-        # per worker: large messages it announced (wire.NOTICE) whose frame has not been read
-        self._notices = [0] * num_workers
+        # per worker: frames read from its socket and not yet put in their announcement's
+        # place, and whether a taken announcement (wire.NOTICE) still waits for its frame
+        self._frames: list[deque] = [deque() for _ in range(num_workers)]
+        self._awaiting = [False] * num_workers
         method = ctx.get_start_method()
         payload = user if method == "fork" else PerWorker(user, method)
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
@@ -149,7 +151,7 @@ class Supervisor:
         """Wait on ``h``'s socket for ``events`` (by default: writable while its outbox
         holds data, readable while it owes an announced frame; 0: not at all)."""
         if events is None:
-            events = ((_WRITE if h.channel.backlogged else 0) | (_READ if self._notices[h.id] else 0)
+            events = ((_WRITE if h.channel.backlogged else 0) | (_READ if self._awaiting[h.id] else 0)
                       if h.channel is not None and not h.channel.eof else 0)
         if events == h.events:
             return
@@ -225,7 +227,8 @@ class Supervisor:
         self.control.reset(wid)
         self._outgoing[wid].clear()
         self._overflow[wid].clear()
-        self._notices[wid] = 0
+        self._frames[wid].clear()
+        self._awaiting[wid] = False
         with _platform.start_window():  # NOTE [ Ctrl-C waits for a window ] (_platform.py)
             self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
@@ -275,22 +278,26 @@ class Supervisor:
         return got
 
     def _take(self, h: WorkerHandle, got: list) -> None:
-        """Take worker ``h``'s records in order; a :data:`wire.NOTICE` is replaced by the
-        frame it announced, and while that frame has not arrived, the records after it wait."""
-        wid, take = h.id, self.control.take
-        while not self._notices[wid] and (record := take(wid)) is not None:
-            if record[0] == wire.NOTICE_KIND:
-                self._notices[wid] += 1
-                self._read_frames(h, got)
-                self._watch(h)
-            else:
+        """Take worker ``h``'s records in order. A :data:`wire.NOTICE` is replaced by the
+        next frame from the socket (frames come in the order they were announced); while
+        that frame has not arrived, the records after it wait in the queue."""
+        wid, take, frames = h.id, self.control.take, self._frames[h.id]
+        if self._awaiting[wid]:
+            if not frames:
+                return
+            got.append((wid, wire.frame_record(frames.popleft())))
+            self._awaiting[wid] = False
+        while (record := take(wid)) is not None:
+            if record[0] != wire.NOTICE_KIND:
                 got.append((wid, record))
-
-    def _read_frames(self, h: WorkerHandle, got: list) -> None:
-        for frame in h.channel.receive():
-            got.append((h.id, wire.frame_record(frame)))
-            if self._notices[h.id]:
-                self._notices[h.id] -= 1
+                continue
+            if not frames:
+                frames.extend(h.channel.receive())
+            if not frames:
+                self._awaiting[wid] = True
+                self._watch(h)
+                return
+            got.append((wid, wire.frame_record(frames.popleft())))
 
     def _events(self, timeout: float, got: list) -> list[WorkerHandle]:
         """Deaths and socket events within ``timeout`` (0: those already there)."""
@@ -310,7 +317,7 @@ class Supervisor:
             if mask & _WRITE:
                 h.channel.flush()
             if mask & _READ:
-                self._read_frames(h, got)
+                self._frames[h.id].extend(h.channel.receive())
                 self._take(h, got)
             self._watch(h, 0 if h.channel.eof else None)  # closed: wait for the death, which follows at once
         return dead
@@ -319,18 +326,14 @@ class Supervisor:
         """A dead worker's records, in order, each announced frame in its place (all of
         them have arrived: nothing more can come), then any frame it sent unannounced
         (before it had mapped its queues)."""
-        wid = h.id
-        frames = deque(h.channel.receive())
-        for _ in range(self._notices[wid]):
-            if frames:
-                got.append((wid, wire.frame_record(frames.popleft())))
-        self._notices[wid] = 0
-        while (record := self.control.take(wid)) is not None:
-            if record[0] != wire.NOTICE_KIND:
-                got.append((wid, record))
-            elif frames:
-                got.append((wid, wire.frame_record(frames.popleft())))
+        wid, frames = h.id, self._frames[h.id]
+        frames.extend(h.channel.receive())
+        self._take(h, got)
+        while self._awaiting[wid]:  # announced, but the frame never came: nothing more can
+            self._awaiting[wid] = False
+            self._take(h, got)
         got.extend((wid, wire.frame_record(frame)) for frame in frames)
+        frames.clear()
 
     def _retire(self, h: WorkerHandle) -> None:
         """Stop watching a worker that exited."""

@@ -6,6 +6,8 @@ the batches are those of ``num_workers=0``.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,27 @@ def test_an_error_larger_than_its_queue_is_raised_at_its_batch():
     assert [int(b[1][0]) for b in got] == list(range(0, 700, 100))
     assert int(next(it)[1][0]) == 800  # the iterator goes on after the failed batch
     del it
+
+
+class SomeNamed(Rows):
+    """Every other batch (of 64) carries long strings: its completion goes by the socket,
+    the next by the queue, so announced frames and queue records alternate."""
+
+    def __getitem__(self, i):
+        if (i // 64) % 2:
+            return self.data[i], f"sample {i} " + "x" * 400
+        return self.data[i], f"s{i}"
+
+
+def test_several_announced_frames_in_flight_keep_their_places(start_method):
+    """Several large completions queued before the main process reads the socket: each
+    frame goes in its announcement's place, and the records between them after it."""
+    ds = SomeNamed(64 * 40)
+    kw = dict(batch_size=64, in_order=False)  # arrival order shows any reordering within a worker
+    with shmload.DataLoader(ds, num_workers=1, multiprocessing_context=start_method, timeout=30,
+                            prefetch_factor=16, **kw) as loader:
+        it = iter(loader)
+        got = [int(next(it)[0][0, 0]) // 16]  # the batch's first index
+        time.sleep(1)  # the worker queues its next completions, frames and records, meanwhile
+        got += [int(b[0][0, 0]) // 16 for b in it]
+    assert got == list(range(0, 64 * 40, 64))  # one worker: its completions, in its order
