@@ -65,19 +65,35 @@ def make_plan(samples: Any, indices: Any, collate_fn: Callable | None, auto_batc
 
 def plan_stack(samples: Sequence[Any], indices: Sequence[int] | None = None) -> Plan:
     """Plan the default collate of ``samples`` (validating that they can be stacked)."""
+    return _planned(samples, indices)[0]
+
+
+def _planned(samples: Sequence[Any], indices: Sequence[int] | None) -> tuple[Plan, Any]:
+    """``plan_stack``'s plan, and the ``(batcher, structure)`` it was made from when the
+    fast path made it (None after the reference path): what StackPlans caches."""
     if len(samples) == 0:
         raise CollateError("cannot collate an empty batch")
     batcher = Batcher(True, indices, promote=True)
-    return plan_stack_after_first(batcher, batcher.first(samples[0], "sample"), samples, indices)
+    structure = batcher.first(samples[0], "sample")
+    plan = _fast_plan(batcher, structure, samples, indices)
+    if plan is None:
+        return _plan_stack_slowly(samples, indices), None
+    return plan, (batcher, structure)
 
 
 def plan_stack_after_first(batcher: Batcher, structure: Any, samples: Sequence[Any],
                             indices: Sequence[int] | None) -> Plan:
     """``plan_stack`` once ``batcher.first`` has read sample 0 (rowwise.py reuses it)."""
+    plan = _fast_plan(batcher, structure, samples, indices)
+    return plan if plan is not None else _plan_stack_slowly(samples, indices)
+
+
+def _fast_plan(batcher: Batcher, structure: Any, samples: Sequence[Any], indices: Sequence[int] | None) -> Plan | None:
+    """The fast path's plan (see _transpose), or None where it declines."""
     if len(samples) > 1 and _transpose(structure, list(samples), batcher):
         return batcher.plan(structure, check_ints=False)._replace(
             recheck=lambda: _plan_stack_slowly(samples, indices))
-    return _plan_stack_slowly(samples, indices)
+    return None
 
 
 # NOTE [ The cached plan ]
@@ -127,22 +143,16 @@ class StackPlans:
             sink = _Columns(cached.kinds)
             if _transpose(cached.structure, samples if type(samples) is list else list(samples), sink):
                 return self._from_cache(cached, sink.columns, samples, indices)
-        if n == 0:
-            raise CollateError("cannot collate an empty batch")
-        batcher = Batcher(True, indices, promote=True)
-        structure = batcher.first(samples[0], "sample")
-        if n > 1 and _transpose(structure, list(samples), batcher):
-            plan = batcher.plan(structure, check_ints=False)._replace(
-                recheck=lambda: _plan_stack_slowly(samples, indices))
-            if _cacheable(structure):
-                if len(self._cached) >= self.KEPT:
-                    self._cached.clear()
-                leaves = tuple(None if type(leaf) is ObjectValue else leaf for leaf in plan.layout.leaves)
-                whole = plan.layout if None not in leaves else None
-                in_seq = tuple(kind[0] == "object" and kind[1] for kind in batcher.kinds)
-                self._cached[n] = _Cached(structure, list(batcher.kinds), leaves, whole, in_seq, plan.layout.nbytes)
-            return plan
-        return _plan_stack_slowly(samples, indices)
+        plan, made = _planned(samples, indices)
+        if made is not None and _cacheable(made[1]):
+            batcher, structure = made
+            if len(self._cached) >= self.KEPT:
+                self._cached.clear()
+            leaves = tuple(None if type(leaf) is ObjectValue else leaf for leaf in plan.layout.leaves)
+            whole = plan.layout if None not in leaves else None
+            in_seq = tuple(kind[0] == "object" and kind[1] for kind in batcher.kinds)
+            self._cached[n] = _Cached(structure, list(batcher.kinds), leaves, whole, in_seq, plan.layout.nbytes)
+        return plan
 
     def sample_bytes(self, n: int) -> int | None:
         """Array bytes per sample of the cached plan for batches of ``n``; None if there is
@@ -187,7 +197,8 @@ def _plan_stack_slowly(samples: Sequence[Any], indices: Sequence[int] | None) ->
 #
 # Two checks are left to the write, where numpy makes them for free: an array column of
 # ndim >= 1 is checked here for type, first dimension and dtype only, and the write's
-# np.concatenate(..., casting="no") rejects any other difference of shape; an int
+# np.concatenate(..., casting="no") rejects any other difference of shape (small 1-D
+# rows, written by _joined instead, have their ndim checked there); an int
 # column's int64 range is checked by the conversion itself (OverflowError). On such a
 # failure the write calls the plan's ``recheck`` (the slow path), which raises the
 # CollateError naming the sample. (The dtype cannot be left to the write: a promoted

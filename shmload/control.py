@@ -94,7 +94,6 @@ def _fn(lib: Any, name: str, *args: Any) -> Any:
 
 
 _sem_init = _fn(_libc, "sem_init", ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
-_sem_destroy = _fn(_libc, "sem_destroy", ctypes.c_void_p)
 _sem_post = _fn(_libc_fast, "sem_post", ctypes.c_void_p)
 _sem_trywait = _fn(_libc_fast, "sem_trywait", ctypes.c_void_p)
 # sem_clockwait (glibc 2.30) waits on CLOCK_MONOTONIC; sem_timedwait on the wall clock,
@@ -103,6 +102,12 @@ _sem_clockwait = _fn(_libc, "sem_clockwait", ctypes.c_void_p, ctypes.c_int, ctyp
 _sem_timedwait = _fn(_libc, "sem_timedwait", ctypes.c_void_p, ctypes.POINTER(_Timespec))
 
 SEM_SLOT = 64  # bytes per semaphore (sizeof(sem_t) is 32 on 64-bit Linux), one cache line each
+
+
+def _checked(result: int, call: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{call}: {os.strerror(err)}")
 
 
 class Semaphore:
@@ -114,14 +119,7 @@ class Semaphore:
         self.addr = addr
 
     def init(self, value: int = 0) -> None:
-        if _sem_init(self.addr, 1, value) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"sem_init: {os.strerror(err)}")
-
-    def post(self) -> None:
-        if _sem_post(self.addr) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"sem_post: {os.strerror(err)}")
+        _checked(_sem_init(self.addr, 1, value), "sem_init")
 
     def trywait(self) -> bool:
         return _sem_trywait(self.addr) == 0
@@ -211,9 +209,7 @@ class Producer:
         self._pos = (pos + need) % cap
         self._used += span
         self._sizes.append(span)
-        if self._post(self._items) != 0:  # NOTE [ How a record becomes visible ]
-            err = ctypes.get_errno()
-            raise OSError(err, f"sem_post: {os.strerror(err)}")
+        _checked(self._post(self._items), "sem_post")  # NOTE [ How a record becomes visible ]
         return True
 
     def wait_for_room(self, timeout: float) -> None:
@@ -264,9 +260,9 @@ class Consumer:
 
 # ---------------------------------------------------------------- the segment: a bell and one area per worker
 class Area(NamedTuple):
-    """Where worker ``worker``'s two queues lie in the control segment."""
+    """Where one worker's two queues lie in the control segment (offsets of their headers)."""
 
-    tasks: int  # offset of the task queue's header
+    tasks: int
     task_bytes: int
     completions: int
     completion_bytes: int

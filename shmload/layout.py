@@ -42,6 +42,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 ALIGN = 64
+LAYOUTS_KEPT = 16  # layouts each side remembers per worker (wire.LayoutIds, LayoutCache)
 
 
 # ---------------------------------------------------------------- structure nodes
@@ -112,12 +113,12 @@ class Layout(NamedTuple):
 class LayoutCache:
     """The layouts of completion messages in the main process, by the number their worker
     gave them (``wire.LayoutIds``): a worker pickles a layout once, and later completions
-    name it. Each worker's last :data:`wire.LayoutIds.KEPT` are kept, forgotten oldest
+    name it. Each worker's last :data:`LAYOUTS_KEPT` are kept, forgotten oldest
     first exactly as the worker forgets them; a layout numbered -1 (object leaves: this
     batch's values) is never kept. A layout that failed to unpickle is kept as its
     error, raised again for every batch that names it."""
 
-    def __init__(self, kept: int = 16):
+    def __init__(self, kept: int = LAYOUTS_KEPT):
         self._kept: dict[int, dict[int, Any]] = {}
         self._size = kept
 

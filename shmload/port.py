@@ -86,14 +86,17 @@ class Port:
         message too large for it is announced there and sent by the socket."""
         end = self.end
         if end is None:  # (the control segment could not be mapped: only the socket is left)
-            self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+            self.send_frame(msg)
             return
         head, body = wire.encode_to_main(msg)
         if len(head) + len(body) > end.completions.max_record:
             self.publish(wire.NOTICE, b"")  # first, so the main process reads while this sends
-            self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+            self.send_frame(msg)
             return
         self.publish(head, body)
+
+    def send_frame(self, msg: Any) -> None:
+        self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # plain data: no reducers needed
 
     def publish(self, head: bytes, body: bytes) -> None:
         end = self.end

@@ -37,11 +37,16 @@ from .layout import ArraySpec, slot_destination
 MIN_SAMPLE_BYTES = 64 * 1024
 
 
-def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any) -> bool:
+def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any, plans: Any = None) -> bool:
     """May this batch be written row by row? Only where that cannot change the outcome:
-    the default collate of a batch of indices, by ``__getitem__`` (the sample size is
-    checked later, by :func:`load_rowwise`)."""
-    return auto_batch and collate_fn is None and len(indices) > 0 and not hasattr(dataset, "__getitems__")
+    the default collate of a batch of indices, by ``__getitem__``. Not where ``plans``
+    (``collate.StackPlans``) has a plan for batches of this size whose samples are small:
+    then the default path takes the batch, and its cached plan. (Otherwise the sample
+    size is checked by :func:`load_rowwise`, from the batch's first sample.)"""
+    if not (auto_batch and collate_fn is None and len(indices) > 0 and not hasattr(dataset, "__getitems__")):
+        return False
+    per_sample = plans.sample_bytes(len(indices)) if plans is not None else None
+    return per_sample is None or per_sample >= MIN_SAMPLE_BYTES
 
 
 def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,

@@ -8,8 +8,10 @@ Waiting. The main process sleeps on the control segment's bell (rung by any work
 completion) for at most :data:`DEATH_CHECK` seconds at a time; before each sleep, and
 after one that brought nothing, it asks the kernel without waiting whether a worker died
 (its pidfd) or a socket needs attention. While a socket has work (an outbox to flush, a
-large message announced), it waits on the sockets instead, :data:`SOCKET_SLICE` at a time. Shutdown escalates in a fixed order: ask (a Shutdown
-message, then closing our end of the socket, which a worker sees as end-of-file), wait
+large message announced), it waits on the sockets instead, :data:`SOCKET_SLICE` at a time.
+
+Shutdown escalates in a fixed order: ask (a Shutdown message, then closing our end of
+the socket, which a worker sees as end-of-file), wait
 ``JOIN_TIMEOUT`` seconds, SIGTERM, wait, SIGKILL. A worker stuck in a slow
 ``__getitem__`` is therefore stopped within about two seconds, never waited on forever.
 """
@@ -190,14 +192,13 @@ class Supervisor:
         it has room; what does not fit waits in the overflow, in order."""
         wid = h.id
         outgoing, overflow, tasks = self._outgoing[wid], self._overflow[wid], self.control.tasks[wid]
+        while overflow and tasks.put(*overflow[0]):
+            overflow.popleft()
         if outgoing:
             for parts in wire.bundles(outgoing, tasks.max_record):
                 if overflow or not tasks.put(*parts):
                     overflow.append([bytes(p) for p in parts])  # (a body may be a view of the sampler's array)
             outgoing.clear()
-            return
-        while overflow and tasks.put(*overflow[0]):
-            overflow.popleft()
 
     def flush(self) -> None:
         """Send the deferred messages, and write what the sockets take."""

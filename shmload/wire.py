@@ -30,7 +30,7 @@ from multiprocessing import reduction
 
 import numpy as np
 
-from .layout import Layout, ObjectValue
+from .layout import LAYOUTS_KEPT, Layout, ObjectValue
 from .messages import Done, Indices, SlotRef, Task
 
 # kinds: the first byte of a record
@@ -144,7 +144,7 @@ class LayoutIds:
     :data:`KEPT` of each worker's, in the same order (``layout.LayoutCache``): both sides
     forget the oldest when a new one arrives, so a number always means the same layout."""
 
-    KEPT = 16
+    KEPT = LAYOUTS_KEPT
 
     def __init__(self) -> None:
         self._ids: dict[Layout, int] = {}

@@ -245,7 +245,7 @@ class _WorkerLoop:
         point = None
         try:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
-                src.dataset, src.collate_fn, src.auto_batch, load) and not self.small_samples(load) else None
+                src.dataset, src.collate_fn, src.auto_batch, load, src.plans) else None
             plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it
@@ -263,13 +263,6 @@ class _WorkerLoop:
     def load_rowwise(self, indices: Any, timer: BatchTimer) -> Plan | None:
         """The batch written row by row into its slot as it is fetched (rowwise.py)."""
         return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans)
-
-    def small_samples(self, indices: Any) -> bool:
-        """Does the cached plan for this batch size say its samples are too small to be
-        worth writing row by row (NOTE [ The cached plan ], collate.py)? Then the batch
-        takes the default path, and its cached plan."""
-        per_sample = self.source.plans.sample_bytes(len(indices))
-        return per_sample is not None and per_sample < rowwise.MIN_SAMPLE_BYTES
 
     def slot_space(self, nbytes: int) -> Any:
         """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,
