@@ -172,6 +172,20 @@ class SlotAllocator:
             return None
         return self.ring.take(nbytes)
 
+    def slot_for_split(self, nbytes: int) -> Slot | None:
+        """A slot of ``nbytes`` for a split batch sent before the ring was sized (its spans
+        share one: splitting.py); the first such batch sizes the ring. None if the ring
+        cannot give one now (the batch is then loaded again whole, by the rules above)."""
+        if not self.ring.slot_bytes:
+            try:
+                self.ring.grow_capacity(nbytes, count=1)
+            except RingFullError:
+                return None  # (the batch loaded whole meets this again, and raises if waiting cannot help)
+        error = self._error
+        slot = self._larger_slot(nbytes)
+        self._error = error  # (likewise: its failure is not for raise_if_stuck to raise)
+        return slot
+
     def waiting_for(self, iteration: int, seq: int) -> Waiting | None:
         return next((w for w in self.waiting if (w.need.iteration, w.need.seq) == (iteration, seq)), None)
 

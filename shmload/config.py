@@ -9,6 +9,7 @@ from typing import Any, Callable
 from . import _platform, pinning
 from ._checks import check_int
 from .errors import OptionalDependencyError, ShmloadWarning
+from .parts import DEFAULT_PARTS, MAX_PARTS
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,17 @@ class LoaderConfig:
     batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
     drop_last: bool = False
     pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)
+    split_batches: bool | None = None  # None: when workers would idle; True: always; False: never (parts.py)
+    batch_parts: int = DEFAULT_PARTS
+
+    @property
+    def parts(self) -> int:
+        """Each batch's parts (NOTE [ Parts of a batch ], parts.py): 1 where a batch is never
+        split, the collate or ``__getitems__`` making one result for the whole batch."""
+        if (self.split_batches is False or self.iterable or not self.auto_batch or self.collate_fn is not None
+                or hasattr(self.dataset, "__getitems__")):
+            return 1
+        return self.batch_parts
 
 
 def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
@@ -79,6 +91,11 @@ def check_settings(loader: Any) -> None:
     check_int("slot_bytes", loader.slot_bytes, 1, allow_none=True)
     check_int("max_shm_bytes", loader.max_shm_bytes, 1, allow_none=True)
     check_int("max_worker_restarts", loader.max_worker_restarts, 0)
+    check_int("batch_parts", loader.batch_parts, 1)
+    if loader.batch_parts > MAX_PARTS:
+        raise ValueError(f"batch_parts should be at most {MAX_PARTS}, but got batch_parts={loader.batch_parts!r}")
+    if loader.split_batches not in (None, False, True):
+        raise ValueError(f"split_batches should be True, False or None, but got split_batches={loader.split_batches!r}")
     # persistent_workers and in_order are taken for their truth, as torch takes them (1, 0, None)
     timeout = loader.timeout
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:

@@ -9,9 +9,10 @@ in flight, so a failure can name the indices a worker was holding.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
-from .messages import Task
+from .messages import Indices, Task
 
 DEFAULT_PREFETCH = 2  # torch's default prefetch_factor
 AUTO_PREFETCH_BYTES = 1 << 20  # per worker, for prefetch_factor=None
@@ -53,6 +54,9 @@ class Dispatcher:
         # How many tasks in flight have no slot (``task.slot is None``): zero in steady
         # state, which spares the session a scan of every task on each dispatch.
         self.without_slot = 0
+        # When each worker's current task began, as far as this process knows: when its
+        # previous one ended, or when it was sent one while it held none (parts.tail_wait).
+        self.busy_since: list[float | None] = [None] * num_workers
 
     @property
     def num_workers(self) -> int:
@@ -70,6 +74,10 @@ class Dispatcher:
         """Does some worker hold no task?"""
         return any(not tasks for tasks in self._tasks)
 
+    def idle_workers(self) -> int:
+        """How many workers hold no task."""
+        return sum(1 for tasks in self._tasks if not tasks)
+
     def has_room(self, wid: int) -> bool:
         """May worker ``wid`` be sent one more task? (An iterable source's draws go to the
         worker whose stream it is, whatever the others hold.)"""
@@ -78,18 +86,34 @@ class Dispatcher:
     def assign(self, wid: int, key: tuple[int, int], task: InFlight) -> None:
         """Record ``task`` as held by ``wid``, replacing what was recorded under ``key``
         (iteration, seq)."""
-        old = self._tasks[wid].get(key)
+        tasks = self._tasks[wid]
+        old = tasks.get(key)
         self.without_slot += (task.slot is None) - (old is not None and old.slot is None)
-        self._tasks[wid][key] = task
+        if not tasks:
+            self.busy_since[wid] = time.monotonic()
+        tasks[key] = task
 
     def complete(self, wid: int, key: tuple[int, int]) -> InFlight:
         task = self._tasks[wid].pop(key)
         self.without_slot -= task.slot is None
+        self.busy_since[wid] = time.monotonic() if self._tasks[wid] else None
         return task
 
     def task(self, wid: int, key: tuple[int, int]) -> InFlight:
         return self._tasks[wid][key]
 
+    def loads(self) -> list[int]:
+        """The rows each worker still holds (a task of one index, or a draw, counts one):
+        how ``parts.plan_spans`` tells idle workers from busy ones."""
+        return [sum(map(_rows, tasks.values())) for tasks in self._tasks]
+
     def held_by(self, wid: int) -> list[InFlight]:
         """The tasks worker ``wid`` holds, oldest first."""
         return list(self._tasks[wid].values())
+
+
+def _rows(entry: InFlight) -> int:
+    task = entry.task
+    if task.span is not None:
+        return task.span.stop - task.span.start
+    return len(task.load) if isinstance(task.load, (list, Indices)) else 1

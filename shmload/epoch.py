@@ -25,11 +25,13 @@ from . import _platform, lifetime, seeding
 from .collate import StackPlans, build_local
 from .config import LoaderConfig
 from .errors import LoaderTimeoutError, ShmloadError, describe_load
+from .fetch import check_indices
 from .iterable import Stream
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .messages import Draw, StreamPoint
 from .reorder import ReorderBuffer
 from .profiler.profile import Profile
+from .parts import plan_spans, tail_wait
 from .schedule import Planned, Schedule
 from .session import Ended, LoadFailed, Session
 
@@ -128,6 +130,7 @@ class SingleProcessEpoch(_Epoch):
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream,
                                    plans=StackPlans())
+        self._parts = cfg.parts
         self._timer = BatchTimer()
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
         self._lock = threading.Lock()
@@ -165,7 +168,7 @@ class SingleProcessEpoch(_Epoch):
         try:
             with seeding.preserved_globals():
                 try:
-                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer)
+                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer, parts=self._parts)
                     point = self._stream.point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
@@ -211,6 +214,9 @@ class _Outcome:
         return self.value
 
 
+_LATER = object()  # MultiprocessEpoch._spans: dispatch this batch later
+
+
 class MultiprocessEpoch(_Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
                  claim: Callable[[], tuple[int, Schedule, Any]], length: int | None, loader: Any, profile: Profile):
@@ -227,6 +233,8 @@ class MultiprocessEpoch(_Epoch):
         self._done = False
         self._lock = threading.Lock()
         self._replay: _Outcome | None = None  # NOTE [ A Ctrl-C during next() ]
+        self._parts = cfg.parts  # each batch's (NOTE [ Parts of a batch ], parts.py)
+        self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
 
     # NOTE [ A Ctrl-C during next() ]
     # With workers, next() is the loader's own bookkeeping plus one wait, and a Ctrl-C
@@ -295,6 +303,9 @@ class MultiprocessEpoch(_Epoch):
                 raise StopIteration
             self._session.raise_if_stuck(self._reorder.head)
             wait = POLL_INTERVAL
+            if self._tail_deadline is not None:
+                wait = max(0.0, min(wait, self._tail_deadline - time.monotonic()))
+                self._tail_deadline = None
             if self._cfg.timeout > 0:
                 now = time.monotonic()
                 deadline = deadline or now + self._cfg.timeout
@@ -324,10 +335,64 @@ class MultiprocessEpoch(_Epoch):
             if planned is None:
                 self._exhausted = True
                 return
-            if not self._session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker):
+            if not self._send(planned):
                 return
             self._reorder.expect(planned.seq)
             self.schedule.commit()
+
+    def _send(self, planned: Planned) -> bool:
+        """Dispatch one batch: whole, or in spans where workers would otherwise idle
+        (parts.py), or always with ``split_batches=True``. False if it must wait."""
+        session, parts = self._session, self._parts
+        spans = self._spans(planned) if parts > 1 and planned.worker is None else None
+        if spans is _LATER:
+            return False
+        if spans:
+            return session.try_dispatch_spans(self.epoch, planned.seq, planned.load, parts, spans)
+        return session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker, parts)
+
+    def _spans(self, planned: Planned) -> Any:
+        """The spans to split a batch into; None to send it whole; :data:`_LATER` to wait.
+
+        * The epoch's last ``num_workers`` batches wait until a worker is idle, and are
+          then shared by the idle workers: queued behind other work, they would end the
+          epoch on one or two workers while the rest wait (with deep queues, long before
+          any worker idles). Waiting costs a round trip per batch at each epoch's end.
+        * Otherwise a batch is split when idle workers outnumber the batches already on
+          their way (the consumer would wait: the epoch's start, a short epoch).
+        * ``split_batches=True`` splits every batch over the workers with room."""
+        cfg, dispatcher = self._cfg, self._session.dispatcher
+        forced = cfg.split_batches is True
+        near_end = self._length is not None and self._length - planned.seq <= cfg.num_workers
+        idle = dispatcher.idle_workers()
+        if not (forced or near_end or idle > len(self._reorder)):
+            return None
+        if len(planned.load) < 2 or not self._splittable(planned):
+            return None
+        live = [not h.exited for h in self._session.supervisor.workers]
+        loads = dispatcher.loads()
+        if forced:
+            room = [ok and dispatcher.has_room(w) for w, ok in enumerate(live)]
+        elif near_end:
+            room = [ok and not load for ok, load in zip(live, loads)]
+            now = time.monotonic()
+            wait = tail_wait(room, loads, dispatcher.busy_since, now, self._session.seconds_per_sample(), self._parts)
+            if wait > 0 or not any(room):
+                self._tail_deadline = now + wait if wait > 0 else None
+                return _LATER
+        else:
+            room = [ok and dispatcher.has_room(w) for w, ok in enumerate(live)]
+        spans = plan_spans(len(planned.load), self._parts, loads, room, forced)
+        return spans if len(spans) > 1 else None
+
+    def _splittable(self, planned: Planned) -> bool:
+        """Indices the dataset refuses are left to one worker, whose error names the
+        position in the whole batch (``fetch.check_indices``), as an unsplit batch's does."""
+        try:
+            check_indices(self._cfg.dataset, planned.load)
+        except IndexError:
+            return False
+        return True
 
     def _yield(self, result: Any) -> Any:
         self.progress.record(result.seq, result.stream)

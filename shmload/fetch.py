@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .deferred import Batched
 from .errors import ShmloadError, format_indices
 
 
-def fetch(dataset: Any, indices: Any, auto_batch: bool) -> Any:
+def fetch(dataset: Any, indices: Any, auto_batch: bool, cuts: Sequence[tuple[int, int]] = (),
+          reseed: Callable[[int], None] | None = None) -> Any:
     """The samples at ``indices`` (a list), or the one sample at ``indices`` (an int)
-    when ``auto_batch`` is False (``batch_size=None``).
+    when ``auto_batch`` is False (``batch_size=None``). ``reseed(part)`` is called before
+    the sample at each ``(position, part)`` of ``cuts`` (NOTE [ Parts of a batch ], parts.py).
 
     A dataset with ``__getitems__`` (as torch 2.x datasets may have) serves the whole
     batch in one call.
@@ -20,7 +22,15 @@ def fetch(dataset: Any, indices: Any, auto_batch: bool) -> Any:
         return dataset[indices]
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is None:
-        return [dataset[i] for i in indices]
+        if not cuts:
+            return [dataset[i] for i in indices]
+        samples, start = [], 0
+        for position, part in cuts:
+            samples += [dataset[i] for i in indices[start:position]]
+            reseed(part)
+            start = position
+        samples += [dataset[i] for i in indices[start:]]
+        return samples
     samples = getitems(list(indices))
     _check_getitems(dataset, indices, samples)
     return samples

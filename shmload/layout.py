@@ -156,6 +156,36 @@ def slot_destination(slot: np.ndarray) -> Callable[[ArraySpec], np.ndarray]:
 
 
 
+def widened(layout: Layout, rows: int) -> Layout:
+    """The layout of a whole batch of ``rows`` rows, from the layout of a span of its rows
+    (NOTE [ Parts of a batch ], parts.py): every array leaf of the default collate is
+    stacked, ``[n, ...]``, so the whole batch's is ``[rows, ...]``, laid out as
+    ``Batcher.specs`` lays out a batch. Object leaves stay the span's values."""
+    leaves, offset = [], 0
+    for leaf in layout.leaves:
+        if type(leaf) is ArraySpec:
+            offset = -(-offset // ALIGN) * ALIGN
+            leaf = ArraySpec(offset, (rows,) + tuple(leaf.shape[1:]), leaf.dtype)
+            offset += leaf.nbytes
+        leaves.append(leaf)
+    return Layout(layout.structure, tuple(leaves), offset)
+
+
+def span_destination(slot: np.ndarray, part: Layout, whole: Layout, start: int,
+                     stop: int) -> Callable[[ArraySpec], np.ndarray]:
+    """A destination writing a span's leaves (``part``'s specs) into rows ``start`` to
+    ``stop - 1`` of each leaf of the whole batch (``whole``, see :func:`widened`)."""
+    into = {p.offset: w for p, w in zip(part.leaves, whole.leaves) if type(p) is ArraySpec}
+
+    def view(spec: ArraySpec) -> np.ndarray:
+        w = into[spec.offset]
+        row = w.nbytes // w.shape[0]
+        data = slot[w.offset + start * row:w.offset + stop * row]
+        return data.view(w.dtype).reshape((stop - start,) + tuple(w.shape[1:]))
+
+    return view
+
+
 def build(layout: Layout, arrays: Callable[[ArraySpec], Any]) -> Any:
     """Rebuild the batch described by ``layout``; ``arrays(spec)`` supplies each array leaf."""
     values = [arrays(leaf) if type(leaf) is ArraySpec else leaf.value for leaf in layout.leaves]

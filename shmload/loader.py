@@ -27,13 +27,15 @@ from .errors import ShmloadWarning
 from .distributed import DistributedSampler, current_rank
 from .iterable import check_stream_options, classify
 from .sampler import BatchSampler, orders
+from .parts import DEFAULT_PARTS
 from .pool import SessionPool
 from .profiler.stats import LoaderStats
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
 # Read again at the next iter(), as torch does: setting them takes effect then.
 _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
-             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts", "pin_memory")
+             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts", "pin_memory",
+             "split_batches", "batch_parts")
 
 
 class DataLoader:
@@ -52,7 +54,8 @@ class DataLoader:
                  generator: Any = None, *, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
-                 max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None):
+                 max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None,
+                 split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS):
         user_dataset = dataset
         dataset, iterable = classify(dataset)
         if iterable:
@@ -93,6 +96,8 @@ class DataLoader:
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
         self.max_worker_restarts = max_worker_restarts
+        self.split_batches = split_batches  # None: split when workers would idle (parts.py)
+        self.batch_parts = batch_parts
         self.distributed = distributed  # read at every iter(): see sharding.py
         self._auto_batch = auto_batch
         self._shuffle = bool(shuffle)
@@ -138,7 +143,7 @@ class DataLoader:
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
                 max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
                 rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last,
-                pinner=pinner)
+                pinner=pinner, split_batches=self.split_batches, batch_parts=self.batch_parts)
         return self._cfg
 
     # ------------------------------------------------------------ iteration

@@ -17,10 +17,11 @@ are counted without subtracting one from another.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, NamedTuple
 
-from . import seeding
+from . import parts as _parts, seeding
 from .collate import StackPlans, make_plan
 from .fetch import fetch
 from .iterable import Stream
@@ -45,6 +46,7 @@ class BatchSource(NamedTuple):
     worker: int = 0
     workers: int = 1
     plans: StackPlans | None = None  # the default collate's cached plans (NOTE [ The cached plan ], collate.py)
+    parts: int = 1  # with num_workers=0, each batch's parts (a worker's tasks say it: Task.parts)
 
 
 class BatchTimer:
@@ -85,26 +87,32 @@ class BatchTimer:
 
 
 def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any, timer: BatchTimer,
-               rowwise: Callable[[Any, BatchTimer], Any] | None = None) -> Any:
+               rowwise: Callable[..., Any] | None = None, parts: int = 1, span: _parts.Span | None = None) -> Any:
     """Batch ``seq`` of ``epoch``: its :class:`Plan`, or :data:`ENDED` if ``load`` is a
     :class:`Draw` past the end of this process's stream. ``load`` is the task's (dataset
     indices, one index, or a Draw); ``epoch_key`` changes with every epoch of the stream.
 
-    A map-style batch is seeded by its position (``seeding.seed_globals``); a draw by its
-    position in its stream, which the stream also uses for the draws it skips. A worker
-    passes ``rowwise`` for a map-style batch that may be written row by row
-    (``rowwise.applies``): the batch is then handed to it, seeded, instead of being
-    fetched whole; it returns a Plan, or None if the batch was given up."""
+    A map-style batch is seeded by its position (``seeding.seed_globals``), each of its
+    ``parts`` for itself (NOTE [ Parts of a batch ], parts.py); ``span``: ``load`` is only
+    those parts' rows. A draw is seeded by its position in its stream, which the stream
+    also uses for the draws it skips. A worker passes ``rowwise`` for a map-style batch
+    that may be written row by row (``rowwise.applies``): the batch is then handed to it,
+    seeded, instead of being fetched whole; it returns a Plan, or None if the batch was
+    given up."""
     if type(load) is Draw:
         return _load_draw(src, epoch, load, epoch_key, timer)
     if type(load) is Indices:  # (in this process: a worker gets the list from wire.py)
         load = load.tolist()
-    seeding.seed_globals(src.seed, epoch, seq, src.rank)
+    seeding.seed_globals(src.seed, epoch, seq, src.rank, span.first if span is not None else 0)
     timer.to_other()
     timer.samples = len(load) if src.auto_batch else 1
+    cuts, reseed = (), None
+    if parts > 1:
+        cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
+        reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
     if rowwise is not None:
-        return rowwise(load, timer)
-    samples = fetch(src.dataset, load, src.auto_batch)
+        return rowwise(load, timer, cuts, reseed)
+    samples = fetch(src.dataset, load, src.auto_batch, cuts, reseed)
     timer.to_fetch()
     plan = make_plan(samples, load, src.collate_fn, src.auto_batch, src.plans)
     timer.to_collate()

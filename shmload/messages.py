@@ -138,6 +138,8 @@ class Task(NamedTuple):
     seq: int
     load: Any  # what to load: a list of dataset indices, one index (batch_size=None), or a Draw
     slot: SlotRef | None
+    parts: int = 1  # the batch's parts, each seeded for itself (NOTE [ Parts of a batch ], parts.py)
+    span: Any = None  # a parts.Span: ``load`` is these rows of the batch only, written into their rows of the slot
 
 
 class Reassign(NamedTuple):

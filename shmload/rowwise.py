@@ -50,14 +50,19 @@ def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any, plans
 
 
 def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
-                 space: Callable[[int], np.ndarray | None], plans: Any = None) -> Plan | None:
+                 space: Callable[[int], np.ndarray | None], plans: Any = None,
+                 cuts: Sequence[tuple[int, int]] = (), reseed: Callable[[int], None] | None = None,
+                 span: Any = None) -> Plan | None:
     """Load the batch at ``indices``: its plan, with its arrays written already into
     ``space(nbytes)`` (the slot, as a uint8 array; None if the batch was given up while
     waiting for one: then so is this call, None). If its samples are small, they are
     fetched whole and planned the default way instead (reusing what sample 0 told), and
     nothing is written yet, by ``plans`` (``collate.StackPlans``) if given, so that the
     next batch of this size finds its plan cached and skips this path (``worker.py``).
-    ``timer`` is the batch's ``loading.BatchTimer``.
+    ``timer`` is the batch's ``loading.BatchTimer``; ``reseed(part)`` is called before the
+    sample at each ``(position, part)`` of ``cuts`` (NOTE [ Parts of a batch ], parts.py).
+    With a ``span`` (``parts.Span``), ``indices`` are its rows of a larger batch: the space
+    asked for is the whole batch's, and the samples go to their rows of it.
 
     The first sample tells the batch's size, so a batch without a (large enough) slot
     asks for one right then, before fetching the rest: even the batches that size the
@@ -65,10 +70,10 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
     check_indices(dataset, indices)
     first = dataset[indices[0]]
     timer.to_fetch()
-    batch = RowwiseBatch(first, indices)
+    batch = RowwiseBatch(first, indices, span)
     if batch.sample_bytes < MIN_SAMPLE_BYTES:
         timer.to_collate()
-        rest = [dataset[i] for i in indices[1:]]
+        rest = list(_fetched(dataset, indices, 1, cuts, reseed, None))
         timer.to_fetch()
         plan = plans.plan([first] + rest, indices) if plans is not None else batch.plan([first] + rest)
         timer.to_collate()
@@ -79,18 +84,24 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
     if target is None:
         return None
     timer.to_other()  # the wait for a slot
-    plan = batch.write(slot_destination(target), _fetched(dataset, indices[1:], timer))
+    plan = batch.write(slot_destination(target), _fetched(dataset, indices, 1, cuts, reseed, timer))
     timer.to_collate()
     return plan
 
 
-def _fetched(dataset: Any, indices: Sequence[Any], timer: Any) -> Iterable[Any]:
-    """The samples at ``indices``, one at a time; their fetches are timed as fetch, the
-    writing between them as collate."""
-    for i in indices:
-        timer.to_collate()
-        sample = dataset[i]
-        timer.to_fetch()
+def _fetched(dataset: Any, indices: Sequence[Any], start: int, cuts: Sequence[tuple[int, int]],
+             reseed: Callable[[int], None] | None, timer: Any) -> Iterable[Any]:
+    """The samples at ``indices[start:]``, one at a time, each part seeded as it begins;
+    with a ``timer``, their fetches are timed as fetch, the writing between them as collate."""
+    parts = dict(cuts)
+    for pos in range(start, len(indices)):
+        if timer is not None:
+            timer.to_collate()
+        if pos in parts:
+            reseed(parts[pos])
+        sample = dataset[indices[pos]]
+        if timer is not None:
+            timer.to_fetch()
         yield sample
         del sample
 
@@ -98,19 +109,21 @@ def _fetched(dataset: Any, indices: Sequence[Any], timer: Any) -> Iterable[Any]:
 class RowwiseBatch:
     """The layout a batch will have, known from its first sample."""
 
-    def __init__(self, first: Any, indices: Sequence[int]):
+    def __init__(self, first: Any, indices: Sequence[int], span: Any = None):
         self._batcher = Batcher(True, indices)
         self._structure = self._batcher.first(first, "sample")
-        self._specs, self.nbytes = self._batcher.specs(len(indices))
+        rows, self._start = (len(indices), 0) if span is None else (span.rows, span.start)
+        self._specs, self.nbytes = self._batcher.specs(rows)  # (a span: the whole batch's, as layout.widened)
         self._arrays = [i for i, kind in enumerate(self._batcher.kinds) if kind[0] == "array"]
-        self.sample_bytes = sum(self._specs[i].nbytes for i in self._arrays) // max(1, len(indices))
+        self.sample_bytes = sum(self._specs[i].nbytes for i in self._arrays) // max(1, rows)
         self._count = len(indices)
 
     def write(self, destination: Callable[[ArraySpec], np.ndarray], rest: Iterable[Any]) -> Plan:
         """Write sample 0 and then each of ``rest`` (the other samples, in order) into
         ``destination``; the returned plan's array leaves are written already."""
         b = self._batcher
-        views = {i: destination(self._specs[i]) for i in self._arrays}
+        start = self._start
+        views = {i: destination(self._specs[i])[start:start + self._count] for i in self._arrays}
         self._take(views, 0)
         pos = 0
         for pos, sample in enumerate(rest, 1):

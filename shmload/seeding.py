@@ -122,12 +122,16 @@ class RangeShuffle:
         return left * c + right
 
 
-def batch_seed(seed: int, epoch: int, position: int, rank: int = 0) -> int:
-    """The 64-bit seed of one batch's global RNGs. ``rank`` is the process's rank in a
-    distributed job: ranks whose loaders share a seed still augment differently (with
-    one seed for all, batch 5 of every rank would get the same crops and flips)."""
-    # rank 0 keeps the key of versions before ranks were mixed in: a run's seeds do not change
+def batch_seed(seed: int, epoch: int, position: int, rank: int = 0, part: int = 0) -> int:
+    """The 64-bit seed of one batch's global RNGs (of its part ``part``: NOTE [ Parts of a
+    batch ], parts.py). ``rank`` is the process's rank in a distributed job: ranks whose
+    loaders share a seed still augment differently (with one seed for all, batch 5 of
+    every rank would get the same crops and flips)."""
+    # rank 0 keeps the key of versions before ranks were mixed in, and part 0 the key of
+    # versions before parts: a run's seeds do not change
     key = b"%d:%d:%d" % (seed, epoch, position) if rank == 0 else b"%d:%d:%d:%d" % (seed, epoch, position, rank)
+    if part:
+        key += b"/%d" % part
     return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"shmload-batch").digest(), "little")
 
 
@@ -137,9 +141,10 @@ def stream_position(draw: int, worker: int, streams: int) -> int:
     return draw * streams + worker
 
 
-def seed_globals(seed: int, epoch: int, position: int, rank: int = 0) -> None:
-    """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch."""
-    value = batch_seed(seed, epoch, position, rank)
+def seed_globals(seed: int, epoch: int, position: int, rank: int = 0, part: int = 0) -> None:
+    """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch
+    (for its part ``part``)."""
+    value = batch_seed(seed, epoch, position, rank, part)
     random.seed(value)
     np.random.seed(value & 0xFFFFFFFF)
     torch = sys.modules.get("torch")

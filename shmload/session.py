@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import _platform, lifetime, wire
 from .profiler import counters
@@ -34,33 +34,15 @@ from .dispatch import Dispatcher, InFlight, prefetch_depth
 from .layout import LayoutCache
 from .errors import (ShmloadError, ShmloadWarning, WorkerError, WorkerStartupError, death_error, describe_load,
                      format_bytes, restart_message, starting_steps)
-from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign,
-                       StartupFailed, StreamPoint, Task)
+from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready,
+                       Reassign, StartupFailed, StreamPoint, Task)
+from .results import Ended, Loaded, LoadFailed
+from .spans import SplitBatches
 from .profiler.profile import cpu_seconds
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, default_max_shm_bytes
 from .supervisor import Supervisor, owned_here
 from .worker import UserCode
-
-
-class Loaded(NamedTuple):
-    seq: int
-    slot: Slot | None  # None: the batch holds no array bytes
-    layout: Any
-    stream: tuple[int, StreamPoint] | None = None  # a draw's worker and its stream's position after it
-
-
-class LoadFailed(NamedTuple):
-    seq: int
-    error: BaseException
-    stream: tuple[int, StreamPoint] | None = None
-
-
-class Ended(NamedTuple):
-    """A draw found ``worker``'s stream ended: no batch at this position."""
-
-    seq: int
-    worker: int
 
 
 class RestartBudget:
@@ -84,6 +66,7 @@ class Session:
         self.releases = lifetime.ReleaseQueue()
         self._layouts = LayoutCache()
         self._carried: list = []  # results read by a poll() that then raised (see poll())
+        self.splits = SplitBatches(self)  # split batches in flight (spans.py)
         # For an iterable source: each worker's stream position after its last finished
         # draw of this iteration, where a restarted worker takes up its stream (_restart).
         self._stream_points: dict[int, StreamPoint] = {}
@@ -150,6 +133,17 @@ class Session:
         for ``prefetch_factor=None`` is known once the first batch has sized the ring."""
         return self.cfg.num_workers * self.dispatcher.per_worker
 
+    def seconds_per_sample(self) -> float | None:
+        """The workers' mean time per sample so far (the profiler's counters: loading,
+        not waiting); None before any sample."""
+        if self.board is None:
+            return None
+        t = counters.totals(self.board)
+        f = {name: i for i, name in enumerate(counters.FIELDS)}
+        samples = t[:, f["samples"]].sum()
+        busy = t[:, f["fetch"]].sum() + t[:, f["collate"]].sum() + t[:, f["other"]].sum()
+        return float(busy / samples) if samples else None
+
     def worth_dispatching(self, room: int) -> bool:
         """Whether to send tasks now, with ``room`` more batches allowed outstanding.
 
@@ -194,9 +188,10 @@ class Session:
         for slot in self.releases.drain():
             self.ring.release(slot)
 
-    def try_dispatch(self, epoch: int, seq: int, load: Any, worker: int | None = None) -> bool:
+    def try_dispatch(self, epoch: int, seq: int, load: Any, worker: int | None = None, parts: int = 1) -> bool:
         """Send one batch to ``worker`` (None: the least busy one). False if that worker
-        (every worker) is full, or the allocator has no slot for it now."""
+        (every worker) is full, or the allocator has no slot for it now. ``parts``: the
+        batch's parts, each seeded for itself (NOTE [ Parts of a batch ], parts.py)."""
         self.collect_releases()
         self._serve()
         if self.allocator.waiting:
@@ -209,10 +204,22 @@ class Session:
             return False
         if self._pending_restores:
             load = self._restored(wid, load)
-        task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None)
+        task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None, parts)
         self.dispatcher.assign(wid, (self.iteration, seq), InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
         return True
+
+    def try_dispatch_spans(self, epoch: int, seq: int, load: Any, parts: int, spans: list) -> bool:
+        """Send one batch in spans, ``(worker, parts.Span)`` pairs, each worker's rows into
+        the batch's one slot (spans.py). False if the allocator has no slot for it now."""
+        self.collect_releases()
+        self._serve()
+        if self.allocator.waiting:
+            return False
+        ok, slot = self.allocator.for_task(self.iteration)
+        if ok:
+            self.splits.send(epoch, seq, load, parts, spans, slot)
+        return ok
 
     def flush(self) -> None:
         """Send the tasks dispatched since the last flush. The epoch calls it after each
@@ -267,6 +274,8 @@ class Session:
                 f"({msg.error.type_name}: {msg.error.message}).\nOriginal {msg.error.traceback}")
         key = (msg.iteration, msg.seq)
         stale = msg.iteration != self.iteration
+        if key in self.splits:
+            return self.splits.result(wid, kind, msg, key, stale)
         if kind is NeedSpace:
             if stale:
                 self._give_back(self.dispatcher.complete(wid, key).slot)
@@ -331,8 +340,12 @@ class Session:
         for entry in held:
             task = entry.task
             if task.iteration != self.iteration:  # an abandoned epoch's batch: drop it
-                self.dispatcher.complete(h.id, (task.iteration, task.seq))
-                self._give_back(entry.slot)
+                key = (task.iteration, task.seq)
+                self.dispatcher.complete(h.id, key)
+                if key in self.splits:  # the batch's slot goes back with its last span
+                    self.splits.dropped(h.id, key)
+                else:
+                    self._give_back(entry.slot)
                 continue
             task = task._replace(load=self._restored(h.id, task.load))
             self.supervisor.send(h.id, task._replace(slot=entry.slot.ref if entry.slot is not None else None))

@@ -38,7 +38,7 @@ TASK, DONE, PICKLED, NOTICE_KIND, BUNDLE = 1, 2, 3, 4, 5
 NOTICE = bytes([NOTICE_KIND])  # "the next message is a frame on the socket"
 
 _LOAD_INTS, _LOAD_PICKLE = 0, 1
-_TASK = struct.Struct("<BB6xqqqqqq")  # kind, load kind, iteration, epoch, seq, segment (-1: no slot), offset, capacity
+_TASK = struct.Struct("<BBB5xqqqqqq")  # kind, load kind, parts, iteration, epoch, seq, segment (-1: no slot), offset, capacity
 _DONE = struct.Struct("<BB2xiqqI")  # kind, has stream, layout id (-1: pickled here), iteration, seq, layout bytes
 _NO_SLOT = (-1, 0, 0)
 
@@ -64,12 +64,12 @@ def encode_task(task: Task) -> tuple[bytes, Any]:
     else:
         payload = memoryview(payload).cast("B")
     slot = task.slot if task.slot is not None else _NO_SLOT
-    return _TASK.pack(TASK, kind, task.iteration, task.epoch, task.seq, *slot), payload
+    return _TASK.pack(TASK, kind, task.parts, task.iteration, task.epoch, task.seq, *slot), payload
 
 
 def encode_to_worker(msg: Any) -> tuple[bytes, Any]:
     """Header and body of ``msg``'s record (the body may be empty)."""
-    if type(msg) is Task:
+    if type(msg) is Task and msg.span is None:  # (a span, rare, is pickled whole)
         return encode_task(msg)
     return _pickled(msg), b""
 
@@ -117,7 +117,7 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
     :data:`NOTICE` as it is."""
     kind = record[0]
     if kind == TASK:
-        _, load_kind, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
+        _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
         if load_kind == _LOAD_INTS:
             indices = array.array("q")
             indices.frombytes(memoryview(record)[_TASK.size:])
@@ -125,7 +125,7 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
         else:
             load = pickle.loads(memoryview(record)[_TASK.size:])
         slot = SlotRef(segment, offset, capacity) if segment >= 0 else None
-        return Task(iteration, epoch, seq, load, slot)
+        return Task(iteration, epoch, seq, load, slot, parts)
     return _other(record, kind, "a worker's task queue")
 
 

@@ -38,7 +38,7 @@ from . import rowwise, seeding, wire
 from .batcher import Plan
 from .collate import StackPlans, write
 from .errors import RemoteError, WorkerError
-from .layout import slot_destination
+from .layout import slot_destination, span_destination, widened
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .profiler import counters
 from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
@@ -246,7 +246,8 @@ class _WorkerLoop:
         try:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
                 src.dataset, src.collate_fn, src.auto_batch, load, src.plans) else None
-            plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows)
+            plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows, task.parts,
+                              task.span)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))
@@ -260,9 +261,10 @@ class _WorkerLoop:
             return
         self.place(task, plan, point)
 
-    def load_rowwise(self, indices: Any, timer: BatchTimer) -> Plan | None:
+    def load_rowwise(self, indices: Any, timer: BatchTimer, cuts: Any, reseed: Any) -> Plan | None:
         """The batch written row by row into its slot as it is fetched (rowwise.py)."""
-        return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans)
+        return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans, cuts,
+                                    reseed, self.task.span)
 
     def slot_space(self, nbytes: int) -> Any:
         """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,
@@ -287,26 +289,33 @@ class _WorkerLoop:
     def place(self, task: Task, plan: Plan, point: StreamPoint | None) -> None:
         """Write the batch into its slot and report it, or ask for a larger slot. (A
         stream's batch waits here for a larger slot too: it cannot be read again.) Leaves
-        written already (row by row) have no source in ``plan`` and are skipped."""
-        if plan.layout.nbytes == 0:  # nothing but small Python objects: no slot needed
-            self.done(task, plan, point)
+        written already (row by row) have no source in ``plan`` and are skipped. A span's
+        plan is of its rows: it is written into those rows of the whole batch's layout,
+        which is what it reports (the main process puts the spans together)."""
+        span = task.span
+        layout = plan.layout if span is None else widened(plan.layout, span.rows)
+        if layout.nbytes == 0:  # nothing but small Python objects: no slot needed
+            self.done(task, plan, point, layout)
             return
-        slot = self.slot_for(plan.layout.nbytes)
+        slot = self.slot_for(layout.nbytes)
         if slot is None:
             return  # its epoch was abandoned
         self.timer.to_other()
+        slot_view = self.slot_array(slot)
         try:
-            write(plan, slot_destination(self.slot_array(slot)))
+            write(plan, slot_destination(slot_view) if span is None else
+                  span_destination(slot_view, plan.layout, layout, span.start, span.stop))
         except Exception as exc:
             self.timer.to_collate()
             self.fail(task, exc, point)
             return
         self.timer.to_collate()
-        self.done(task, plan, point)
+        self.done(task, plan, point, layout)
 
-    def done(self, task: Task, plan: Plan, point: StreamPoint | None) -> None:
+    def done(self, task: Task, plan: Plan, point: StreamPoint | None, layout: Any = None) -> None:
+        """Report the batch; ``layout``: the whole batch's, of which ``plan`` is a span's."""
         try:
-            layout_id, layout = self.layout_ids.ref(plan.layout)
+            layout_id, data = self.layout_ids.ref(layout if layout is not None else plan.layout)
         except Exception as exc:
             try:
                 raise WorkerError("the batch holds a value that cannot be pickled to the main process "
@@ -314,9 +323,9 @@ class _WorkerLoop:
             except WorkerError as err:
                 self.fail(task, err, point)
             return
-        self.timer.nbytes = plan.layout.nbytes
+        self.timer.nbytes = plan.layout.nbytes  # (a span's own rows)
         self.record()
-        self.send(Done(task.iteration, task.seq, layout_id, layout, point))
+        self.send(Done(task.iteration, task.seq, layout_id, data, point))
 
     def record(self) -> None:
         """Add the batch at hand to the counters, once. Called just before its result is

@@ -274,7 +274,9 @@ def test_a_slow_consumer_is_consumer_bound():
 
 @pytest.mark.timeout(60)
 def test_stats_work_during_and_after_an_epoch_and_reset_starts_a_new_window():
-    loader = shmload.DataLoader(SleepyDataset(40, 0.001), batch_size=4, num_workers=2, timeout=30)
+    # (unsplit: a split batch counts once per worker that loaded a part, see the test below)
+    loader = shmload.DataLoader(SleepyDataset(40, 0.001), batch_size=4, num_workers=2, timeout=30,
+                                split_batches=False)
     it = iter(loader)
     for _ in range(5):
         next(it)
@@ -312,7 +314,7 @@ def test_ring_occupancy_and_memory_are_reported():
 def test_the_trace_is_chrome_trace_json_with_a_track_per_worker(tmp_path):
     path = tmp_path / "trace.json"
     with shmload.DataLoader(SleepyDataset(32, 0.001), batch_size=4, num_workers=2, persistent_workers=True,
-                            timeout=30) as loader:
+                            timeout=30, split_batches=False) as loader:
         for _ in loader:
             time.sleep(0.006)
         loader.stats().trace(str(path))
@@ -328,6 +330,23 @@ def test_the_trace_is_chrome_trace_json_with_a_track_per_worker(tmp_path):
     assert worker_batches == list(range(8))
     assert any(e["ph"] == "C" and e["name"] == "ring" and set(e["args"]) == {"free", "filling", "ready", "held"}
                for e in events)
+
+
+@pytest.mark.timeout(60)
+def test_a_split_batch_counts_its_parts_for_the_workers_that_loaded_them(tmp_path):
+    path = tmp_path / "trace.json"
+    with shmload.DataLoader(SleepyDataset(24, 0.001), batch_size=6, num_workers=2, timeout=30,
+                            split_batches=True) as loader:
+        assert len(list(loader)) == 4
+        stats = loader.stats()
+        stats.trace(str(path))
+    # every batch in two parts of 3 rows, one per worker: each worker loaded a part of each
+    assert [w.batches for w in stats.workers] == [4, 4] and [w.samples for w in stats.workers] == [12, 12]
+    assert stats.main.batches == 4 and sum(w.bytes for w in stats.workers) == stats.main.bytes
+    events = json.loads(path.read_text())["traceEvents"]
+    fetches = sorted((e["args"]["batch"], e["pid"]) for e in events if e["ph"] == "X" and e["name"] == "fetch")
+    assert [b for b, _ in fetches] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(fetches[i][1] != fetches[i + 1][1] for i in range(0, 8, 2))  # two workers on each batch
 
 
 def test_plot_without_matplotlib_names_the_extra(monkeypatch):

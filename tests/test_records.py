@@ -157,8 +157,10 @@ def test_pack_round_trip_of_an_image_folder(folder, packed):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_decoded_batches_from_records_equal_those_from_the_files(folder, packed, workers, start_method):
+    # split_batches=False: RecordDataset serves a batch by __getitems__, one call seeded
+    # once, where ImageFolder's samples are seeded per part (NOTE [ Parts of a batch ])
     kwargs = dict(batch_size=8, shuffle=True, seed=4, num_workers=workers, timeout=30,
-                  multiprocessing_context=start_method if workers else None)
+                  multiprocessing_context=start_method if workers else None, split_batches=False)
     from_files = DataLoader(ImageFolder(folder, transform=train_pipeline(32)), **kwargs)
     from_records = DataLoader(RecordDataset(packed, transform=train_pipeline(32), image=True), **kwargs)
     pairs = list(zip(from_files, from_records))

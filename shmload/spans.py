@@ -1,0 +1,117 @@
+"""A session's split batches: sending a batch's spans, taking their results, and what
+they make: the batch, its error, or the batch sent again whole.
+
+The bookkeeping of one split batch is ``splitting.SplitBatch`` (pure, with the rule that
+keeps the shared slot safe); this module carries it out with the session's dispatcher,
+allocator, supervisor and layouts. Which batches are split is the epoch's decision
+(``epoch.MultiprocessEpoch._spans``, by ``parts.plan_spans``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .dispatch import InFlight
+from .errors import WorkerError, describe_load
+from .messages import Done, Indices, NeedSpace, Reassign, Task
+from .results import Loaded, LoadFailed
+from .ring import SlotState
+from .splitting import SplitBatch
+
+
+class SplitBatches:
+    """The split batches of a session in flight, by (iteration, batch)."""
+
+    def __init__(self, session: Any):
+        self._s = session
+        self._batches: dict[tuple[int, int], SplitBatch] = {}
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._batches
+
+    def send(self, epoch: int, seq: int, load: Any, parts: int, spans: list, slot: Any) -> None:
+        """Send each ``(worker, parts.Span)`` of batch ``seq`` its rows, all into ``slot``
+        (None before the ring is sized: the first span's NeedSpace chooses it)."""
+        s = self._s
+        indices = load.tolist() if type(load) is Indices else list(load)
+        self._batches[(s.iteration, seq)] = SplitBatch(epoch, seq, indices, parts, dict(spans), slot)
+        for wid, span in spans:
+            task = Task(s.iteration, epoch, seq, indices[span.start:span.stop], slot.ref if slot is not None else None,
+                        parts, span)
+            s.dispatcher.assign(wid, (s.iteration, seq), InFlight(task, slot))
+            s.supervisor.send(wid, task, defer=True)
+
+    def result(self, wid: int, kind: type, msg: Any, key: tuple[int, int], stale: bool) -> Loaded | LoadFailed | None:
+        """A span's message (Done, Failed or NeedSpace): the batch once every span has reported."""
+        s, split = self._s, self._batches[key]
+        if kind is NeedSpace:
+            if not stale and self._slot(wid, key, split, msg.nbytes):
+                return None
+            s.supervisor.send(wid, Reassign(msg.iteration, msg.seq, None))
+            s.dispatcher.complete(wid, key)
+            split.dropped(wid)
+        else:
+            s.dispatcher.complete(wid, key)
+            if kind is Done:
+                try:
+                    split.done(wid, s._layouts.load(wid, msg.layout_id, msg.layout))
+                except Exception as exc:
+                    split.broken(wid, exc)
+            else:
+                split.failed(wid, msg.error)
+        return self._finished(key, stale) if split.finished else None
+
+    def dropped(self, wid: int, key: tuple[int, int]) -> None:
+        """Worker ``wid`` died holding a span of an abandoned epoch's batch, which is not
+        sent again."""
+        split = self._batches[key]
+        split.dropped(wid)
+        if split.finished:
+            self._finished(key, True)
+
+    def _slot(self, wid: int, key: tuple[int, int], split: SplitBatch, nbytes: int) -> bool:
+        """Give a span that asked for space the batch's slot, taken now if the batch was
+        sent before the ring was sized. False if that slot cannot hold ``nbytes`` (the
+        span then drops its rows, and the batch is loaded again whole)."""
+        s = self._s
+        if split.slot is None:
+            split.slot = s.allocator.slot_for_split(nbytes)
+        if split.slot is None or split.slot.capacity < nbytes:
+            return False
+        s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot))
+        s.supervisor.send(wid, Reassign(key[0], key[1], split.slot.ref))
+        return True
+
+    def _finished(self, key: tuple[int, int], stale: bool) -> Loaded | LoadFailed | None:
+        """Every span of a split batch has reported: the batch, its error, or (None) it is
+        sent again whole. Only now does its slot go back (NOTE in splitting.py)."""
+        s, split = self._s, self._batches.pop(key)
+        layout = split.layout() if not (stale or split.error or split.redo) else None
+        if layout is None:
+            s._give_back(split.slot)
+        if stale:
+            return None
+        if split.error is not None:
+            wid, error = split.error
+            span = split.spans[wid]
+            where = (f"in DataLoader worker process {wid} while loading batch {split.seq} "
+                     f"({describe_load(split.load)}), its rows {span.start} to {span.stop - 1}")
+            if isinstance(error, Exception):  # the span's layout did not unpickle here
+                return LoadFailed(split.seq, WorkerError(f"a batch's values could not be unpickled in the main "
+                                                         f"process ({type(error).__name__}: {error}), {where}"))
+            return LoadFailed(split.seq, error.rebuild(where))
+        if layout is None:
+            self._send_whole(split)
+            return None
+        if split.slot is not None:
+            split.slot.state = SlotState.READY
+        return Loaded(split.seq, split.slot, layout)
+
+    def _send_whole(self, split: SplitBatch) -> None:
+        """Load a split batch again, whole, by the live worker holding the fewest tasks
+        (splitting.py says when); it asks for a slot as the ring's first batches do."""
+        s = self._s
+        wid = min((h.id for h in s.supervisor.live()), key=lambda w: len(s.dispatcher.held_by(w)))
+        task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
+        s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
+        s.supervisor.send(wid, task)

@@ -1,0 +1,95 @@
+"""A split batch in the main process: its spans in flight, and the batch they make
+(pure: no processes, no messages; spans.py carries out what it says).
+
+The spans of one batch (NOTE [ Parts of a batch ], parts.py) share the batch's one slot,
+each worker writing its own rows. The rule that keeps that safe, enforced here: the slot
+goes back to the ring only once *every* span has reported (done, failed, or told to drop
+its rows), since until then some worker may still write into it. A span that reports
+early never releases it on its own.
+
+When the spans do not make one batch, the batch is loaded again, whole, by one worker
+(:attr:`SplitBatch.redo`): its spans disagree (a dtype promoted in one span only, shapes
+that differ between spans, a container copied from each span's first sample), a span
+found the samples do not collate (the whole batch then gives the exact error a batch
+never split gives, naming the sample), or a span needed a larger slot than the batch
+was given. The seeds are the parts' own, so the batch loaded again is the same batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import ArraySpec, Layout, ObjectValue
+from .parts import Span
+
+# Failures in a span that loading the whole batch again turns into the error an unsplit
+# batch gives (with the sample's position in the batch, not in the span).
+_REDO_ERRORS = frozenset({"CollateError"})
+
+
+class SplitBatch:
+    """One split batch: which workers still hold a span of it, and what came back."""
+
+    def __init__(self, epoch: int, seq: int, load: list, parts: int, spans: dict[int, Span], slot: Any):
+        self.epoch, self.seq, self.load, self.parts = epoch, seq, load, parts
+        self.spans = spans  # worker -> its span
+        self.pending = set(spans)
+        self.slot = slot  # shared by every span (None until the ring is sized)
+        self.layouts: dict[int, Layout] = {}  # first part -> the layout its span reported
+        self.error: tuple[int, Any] | None = None  # (worker, RemoteError): the earliest span's failure
+        self.redo = False
+
+    def done(self, wid: int, layout: Layout) -> None:
+        self.pending.discard(wid)
+        self.layouts[self.spans[wid].first] = layout
+
+    def failed(self, wid: int, error: Any) -> None:
+        self.pending.discard(wid)
+        if error.type_name in _REDO_ERRORS:
+            self.redo = True
+        elif self.error is None or self.spans[wid].first < self.spans[self.error[0]].first:
+            self.error = (wid, error)
+
+    def broken(self, wid: int, exc: Exception) -> None:
+        """The span's layout did not unpickle in the main process."""
+        self.pending.discard(wid)
+        if self.error is None or self.spans[wid].first < self.spans[self.error[0]].first:
+            self.error = (wid, exc)
+
+    def dropped(self, wid: int) -> None:
+        """The span was told to drop its rows (no slot large enough): the batch is loaded again."""
+        self.pending.discard(wid)
+        self.redo = True
+
+    @property
+    def finished(self) -> bool:
+        return not self.pending
+
+    def layout(self) -> Layout | None:
+        """The whole batch's layout, once every span is done; None if they do not agree
+        (then the batch is loaded again)."""
+        return merged([self.layouts[first] for first in sorted(self.layouts)])
+
+
+def merged(layouts: list[Layout]) -> Layout | None:
+    """The layout of a batch from its spans' layouts, in order (each already widened to
+    the whole batch: ``layout.widened``): the same structure and array leaves, object
+    leaves joined in order. None where they differ."""
+    first = layouts[0]
+    for other in layouts[1:]:
+        if other.structure != first.structure or other.nbytes != first.nbytes:
+            return None
+        for a, b in zip(first.leaves, other.leaves):
+            if type(a) is not type(b) or (type(a) is ArraySpec and a != b):
+                return None
+            if type(a) is ObjectValue and type(a.value) is not type(b.value):
+                return None
+    if not any(type(leaf) is ObjectValue for leaf in first.leaves):
+        return first
+    leaves = []
+    for i, leaf in enumerate(first.leaves):
+        if type(leaf) is ObjectValue:
+            joined = [v for layout in layouts for v in layout.leaves[i].value]
+            leaf = ObjectValue(type(leaf.value)(joined))
+        leaves.append(leaf)
+    return Layout(first.structure, tuple(leaves), first.nbytes)
