@@ -383,6 +383,9 @@ class Session:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
                     what = describe_load(entry.task.load)
+                    if entry.task.span is not None:  # one of the workers loading a split batch
+                        sp = entry.task.span
+                        what += f" (rows {sp.start} to {sp.stop - 1} of the batch's {sp.rows}, a part of it)"
                     if not h.ready:  # it has the task, but has not even begun to run
                         return (f"worker {h.id} (pid {h.pid}) has not finished starting: it is still in "
                                 f"{starting_steps(self.cfg.context.get_start_method(), self.cfg.worker_init_fn)} "

@@ -94,12 +94,17 @@ class SplitBatches:
         if split.error is not None:
             wid, error = split.error
             span = split.spans[wid]
-            where = (f"in DataLoader worker process {wid} while loading batch {split.seq} "
-                     f"({describe_load(split.load)}), its rows {span.start} to {span.stop - 1}")
+            # the words of a batch loaded whole (scripts match them); the part in a note
+            where = f"in DataLoader worker process {wid} while loading batch {split.seq} ({describe_load(split.load)})"
             if isinstance(error, Exception):  # the span's layout did not unpickle here
-                return LoadFailed(split.seq, WorkerError(f"a batch's values could not be unpickled in the main "
-                                                         f"process ({type(error).__name__}: {error}), {where}"))
-            return LoadFailed(split.seq, error.rebuild(where))
+                exc = WorkerError(f"batch {split.seq} from DataLoader worker process {wid} could not be unpickled in "
+                                  f"the main process ({type(error).__name__}: {error}): its non-array values must be "
+                                  "importable here too")
+            else:
+                exc = error.rebuild(where)
+            exc.add_note(f"Worker {wid} was loading rows {span.start} to {span.stop - 1} of the batch's {span.rows}: "
+                         "a part of it (split_batches, docs/api.md).")
+            return LoadFailed(split.seq, exc)
         if layout is None:
             self._send_whole(split)
             return None

@@ -270,15 +270,26 @@ def test_a_sample_that_does_not_stack_in_a_span_raises_the_unsplit_error_naming_
             next(it)
 
 
-def test_a_dataset_error_in_a_span_names_the_batch_its_indices_and_the_rows():
+def test_a_dataset_error_in_a_span_names_the_batch_its_indices_and_in_a_note_the_rows():
     with shmload.DataLoader(Mixed(fail_at=11), batch_size=8, num_workers=2, split_batches=True,
                             timeout=30) as loader:
         it = iter(loader)
         next(it)
-        with pytest.raises(KeyError, match=r"(?s)Caught KeyError in DataLoader worker process \d while loading batch 1 "
-                                           r"\(dataset indices \[8, 9, 10, 11, 12, 13, 14, 15\]\), its rows 0 to 3.*"
-                                           r"no sample 11"):
+        with pytest.raises(KeyError, match=r"(?s)^Caught KeyError in DataLoader worker process \d while loading batch 1 "
+                                           r"\(dataset indices \[8, 9, 10, 11, 12, 13, 14, 15\]\)\.\nOriginal Traceback"
+                                           r".*no sample 11") as error:
             next(it)
+    assert re.fullmatch(r"Worker \d was loading rows 0 to 3 of the batch's 8: a part of it \(split_batches, "
+                        r"docs/api.md\)\.", error.value.__notes__[-1])
+
+
+def test_a_time_out_on_a_split_batch_names_a_worker_and_its_rows():
+    with shmload.DataLoader(SleepyDataset(8, 0.5), batch_size=8, num_workers=2, split_batches=True,
+                            timeout=0.3) as loader:
+        with pytest.raises(shmload.LoaderTimeoutError, match=r"waiting for batch 0: worker \d \(pid \d+\) is loading "
+                                                             r"dataset indices \[\d, \d, \d, \d\] \(rows [04] to [37] "
+                                                             r"of the batch's 8, a part of it\)"):
+            next(iter(loader))
 
 
 class Sized:
