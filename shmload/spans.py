@@ -116,7 +116,9 @@ class SplitBatches:
         """Load a split batch again, whole, by the live worker holding the fewest tasks
         (splitting.py says when); it asks for a slot as the ring's first batches do."""
         s = self._s
-        wid = min((h.id for h in s.supervisor.live()), key=lambda w: len(s.dispatcher.held_by(w)))
+        # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
+        ids = [h.id for h in s.supervisor.live()] or [h.id for h in s.supervisor.workers]
+        wid = min(ids, key=lambda w: len(s.dispatcher.held_by(w)))
         task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
         s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
         s.supervisor.send(wid, task)
