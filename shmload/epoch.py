@@ -31,7 +31,7 @@ from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .messages import Draw, StreamPoint
 from .reorder import ReorderBuffer
 from .profiler.profile import Profile
-from .parts import plan_spans, tail_wait
+from .parts import parts_of, plan_spans, tail_wait
 from .schedule import Planned, Schedule
 from .session import Ended, LoadFailed, Session
 
@@ -168,7 +168,8 @@ class SingleProcessEpoch(_Epoch):
         try:
             with seeding.preserved_globals():
                 try:
-                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer, parts=self._parts)
+                    parts = parts_of(seq, self._length, self._parts, self._cfg.split_batches is True)
+                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer, parts=parts)
                     point = self._stream.point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
@@ -215,6 +216,7 @@ class _Outcome:
 
 
 _LATER = object()  # MultiprocessEpoch._spans: dispatch this batch later
+HOLD_BACK_MIN = 0.005  # seconds: a batch loaded faster is never held back at an epoch's end (_fast)
 
 
 class MultiprocessEpoch(_Epoch):
@@ -235,6 +237,7 @@ class MultiprocessEpoch(_Epoch):
         self._replay: _Outcome | None = None  # NOTE [ A Ctrl-C during next() ]
         self._parts = cfg.parts  # each batch's (NOTE [ Parts of a batch ], parts.py)
         self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
+        self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
 
     # NOTE [ A Ctrl-C during next() ]
     # With workers, next() is the loader's own bookkeeping plus one wait, and a Ctrl-C
@@ -343,15 +346,16 @@ class MultiprocessEpoch(_Epoch):
     def _send(self, planned: Planned) -> bool:
         """Dispatch one batch: whole, or in spans where workers would otherwise idle
         (parts.py), or always with ``split_batches=True``. False if it must wait."""
-        session, parts = self._session, self._parts
-        spans = self._spans(planned) if parts > 1 and planned.worker is None else None
+        session = self._session
+        parts = parts_of(planned.seq, self._length, self._parts, self._cfg.split_batches is True)
+        spans = self._spans(planned, parts) if parts > 1 and planned.worker is None else None
         if spans is _LATER:
             return False
         if spans:
             return session.try_dispatch_spans(self.epoch, planned.seq, planned.load, parts, spans)
         return session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker, parts)
 
-    def _spans(self, planned: Planned) -> Any:
+    def _spans(self, planned: Planned, parts: int) -> Any:
         """The spans to split a batch into; None to send it whole; :data:`_LATER` to wait.
 
         * The epoch's last ``num_workers`` batches wait until a worker is idle, and are
@@ -363,7 +367,8 @@ class MultiprocessEpoch(_Epoch):
         * ``split_batches=True`` splits every batch over the workers with room."""
         cfg, dispatcher = self._cfg, self._session.dispatcher
         forced = cfg.split_batches is True
-        near_end = self._length is not None and self._length - planned.seq <= cfg.num_workers
+        near_end = (self._length is not None and self._length - planned.seq <= cfg.num_workers
+                    and not self._fast(len(planned.load)))
         idle = dispatcher.idle_workers()
         if not (forced or near_end or idle > len(self._reorder)):
             return None
@@ -376,14 +381,22 @@ class MultiprocessEpoch(_Epoch):
         elif near_end:
             room = [ok and not load for ok, load in zip(live, loads)]
             now = time.monotonic()
-            wait = tail_wait(room, loads, dispatcher.busy_since, now, self._session.seconds_per_sample(), self._parts)
+            wait = tail_wait(room, loads, dispatcher.busy_since, now, self._pace, parts)
             if wait > 0 or not any(room):
                 self._tail_deadline = now + wait if wait > 0 else None
                 return _LATER
         else:
             room = [ok and dispatcher.has_room(w) for w, ok in enumerate(live)]
-        spans = plan_spans(len(planned.load), self._parts, loads, room, forced)
+        spans = plan_spans(len(planned.load), parts, loads, room, forced)
         return spans if len(spans) > 1 else None
+
+    def _fast(self, rows: int) -> bool:
+        """Does a batch of ``rows`` load in less than :data:`HOLD_BACK_MIN` by the workers'
+        measured pace (read once per epoch, at its end)? Such a batch is not held back at
+        the epoch's end: the round trip would cost more than an idle worker does."""
+        if self._pace is None:
+            self._pace = self._session.seconds_per_sample()
+        return self._pace is not None and self._pace * rows < HOLD_BACK_MIN
 
     def _splittable(self, planned: Planned) -> bool:
         """Indices the dataset refuses are left to one worker, whose error names the

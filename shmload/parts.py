@@ -3,9 +3,11 @@ which piece (pure: no processes, no messages).
 
 NOTE [ Parts of a batch ]
 A batch of ``rows`` samples is cut into ``min(rows, parts)`` contiguous parts of nearly
-equal size (:func:`bounds`), ``parts`` being the loader's ``batch_parts`` (1 with
-``split_batches=False``). The cut depends on nothing but the batch's length and that
-setting: not on ``num_workers``, nor on whether the batch is in fact split. Each part is
+equal size (:func:`bounds`), ``parts`` being the loader's ``batch_parts`` for the first
+and last :data:`EDGE` batches of an epoch and 1 in between (:func:`parts_of`; every batch
+with ``split_batches=True``, none with ``False``). The cut depends on nothing but the
+batch's position and length and those settings: not on ``num_workers``, nor on whether
+the batch is in fact split. Each part is
 seeded for itself, from (seed, epoch, batch, part) (``seeding.seed_globals``), wherever it
 is loaded: a worker loading the whole batch seeds again at each part's first sample. So a
 batch is bit-identical whether one worker loads it, several load its parts, or the main
@@ -29,6 +31,20 @@ from typing import NamedTuple, Sequence
 
 DEFAULT_PARTS = 2  # the default batch_parts: see docs/api.md for the trade-off
 MAX_PARTS = 255  # (a task's header carries the count in one byte: wire.py)
+EDGE = 16  # batches at each end of an epoch that have parts, unless split_batches=True
+
+
+def parts_of(seq: int, length: int | None, parts: int, everywhere: bool) -> int:
+    """The parts of batch ``seq`` of an epoch of ``length`` batches (None: unknown), for a
+    loader whose batches may have ``parts`` (``LoaderConfig.parts``). Only the first and
+    last :data:`EDGE` batches have them, where the policy splits (the epoch's start and
+    end, short epochs), unless ``everywhere`` (``split_batches=True``): each part after the
+    first costs a reseed (~8 µs), in every batch that has it, split or not, and batches in
+    steady state are not split. A function of the batch's position and the settings
+    alone, the same in every process and for any ``num_workers``."""
+    if parts == 1 or everywhere or seq < EDGE or (length is not None and length - seq <= EDGE):
+        return parts
+    return 1
 
 
 def bounds(rows: int, parts: int) -> list[int]:

@@ -179,6 +179,18 @@ def test_split_batches_under_every_start_method(all_start_methods):
         assert _equal(_batches(loader), want)
 
 
+def test_only_the_first_and_last_sixteen_batches_have_parts_unless_every_batch_is_split():
+    kw = dict(batch_size=2, seed=6, timeout=30)  # 120 samples: 60 batches
+    default = _batches(shmload.DataLoader(Augmented(120), **kw))
+    unsplit = _batches(shmload.DataLoader(Augmented(120), split_batches=False, **kw))
+    everywhere = _batches(shmload.DataLoader(Augmented(120), split_batches=True, **kw))
+    differs = [not np.array_equal(d[0], u[0]) for d, u in zip(default, unsplit)]
+    assert differs == [True] * 16 + [False] * 28 + [True] * 16  # (part 1 of each edge batch has its own seed)
+    assert all(not np.array_equal(e[0], u[0]) for e, u in zip(everywhere, unsplit))
+    with shmload.DataLoader(Augmented(120), num_workers=2, **kw) as loader:
+        assert _equal(_batches(loader), default)
+
+
 def test_parts_change_the_seeding_and_split_batches_false_keeps_one_seed_per_batch():
     kw = dict(batch_size=8, seed=2, timeout=30)
     two = _batches(shmload.DataLoader(Augmented(), **kw))
