@@ -9,7 +9,7 @@ from typing import Any, Callable
 from . import _platform, pinning
 from ._checks import check_int
 from .errors import OptionalDependencyError, ShmloadWarning
-from .parts import DEFAULT_PARTS, MAX_PARTS
+from .parts import DEFAULT_PARTS, MAX_PARTS, parts_of
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class LoaderConfig:
                 or hasattr(self.dataset, "__getitems__")):
             return 1
         return self.batch_parts
+
+    def parts_at(self, seq: int, length: int | None) -> int:
+        """Batch ``seq``'s parts in an epoch of ``length`` batches (``parts.parts_of``)."""
+        return parts_of(seq, length, self.parts, self.split_batches is True)
 
 
 def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,

@@ -31,7 +31,7 @@ from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .messages import Draw, StreamPoint
 from .reorder import ReorderBuffer
 from .profiler.profile import Profile
-from .parts import parts_of, plan_spans, tail_wait
+from .parts import plan_spans, tail_wait
 from .schedule import Planned, Schedule
 from .session import Ended, LoadFailed, Session
 
@@ -130,7 +130,6 @@ class SingleProcessEpoch(_Epoch):
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream,
                                    plans=StackPlans())
-        self._parts = cfg.parts
         self._timer = BatchTimer()
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
         self._lock = threading.Lock()
@@ -168,8 +167,8 @@ class SingleProcessEpoch(_Epoch):
         try:
             with seeding.preserved_globals():
                 try:
-                    parts = parts_of(seq, self._length, self._parts, self._cfg.split_batches is True)
-                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer, parts=parts)
+                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer,
+                                      parts=self._cfg.parts_at(seq, self._length))
                     point = self._stream.point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
@@ -235,7 +234,6 @@ class MultiprocessEpoch(_Epoch):
         self._done = False
         self._lock = threading.Lock()
         self._replay: _Outcome | None = None  # NOTE [ A Ctrl-C during next() ]
-        self._parts = cfg.parts  # each batch's (NOTE [ Parts of a batch ], parts.py)
         self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
         self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
 
@@ -347,7 +345,7 @@ class MultiprocessEpoch(_Epoch):
         """Dispatch one batch: whole, or in spans where workers would otherwise idle
         (parts.py), or always with ``split_batches=True``. False if it must wait."""
         session = self._session
-        parts = parts_of(planned.seq, self._length, self._parts, self._cfg.split_batches is True)
+        parts = self._cfg.parts_at(planned.seq, self._length)
         spans = self._spans(planned, parts) if parts > 1 and planned.worker is None else None
         if spans is _LATER:
             return False
@@ -376,9 +374,7 @@ class MultiprocessEpoch(_Epoch):
             return None
         live = [not h.exited for h in self._session.supervisor.workers]
         loads = dispatcher.loads()
-        if forced:
-            room = [ok and dispatcher.has_room(w) for w, ok in enumerate(live)]
-        elif near_end:
+        if near_end and not forced:
             room = [ok and not load for ok, load in zip(live, loads)]
             now = time.monotonic()
             wait = tail_wait(room, loads, dispatcher.busy_since, now, self._pace, parts)

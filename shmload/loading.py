@@ -46,7 +46,6 @@ class BatchSource(NamedTuple):
     worker: int = 0
     workers: int = 1
     plans: StackPlans | None = None  # the default collate's cached plans (NOTE [ The cached plan ], collate.py)
-    parts: int = 1  # with num_workers=0, each batch's parts (a worker's tasks say it: Task.parts)
 
 
 class BatchTimer:

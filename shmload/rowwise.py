@@ -73,7 +73,7 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
     batch = RowwiseBatch(first, indices, span)
     if batch.sample_bytes < MIN_SAMPLE_BYTES:
         timer.to_collate()
-        rest = list(_fetched(dataset, indices, 1, cuts, reseed, None))
+        rest = list(_fetched(dataset, indices, cuts, reseed, None))
         timer.to_fetch()
         plan = plans.plan([first] + rest, indices) if plans is not None else batch.plan([first] + rest)
         timer.to_collate()
@@ -84,17 +84,17 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
     if target is None:
         return None
     timer.to_other()  # the wait for a slot
-    plan = batch.write(slot_destination(target), _fetched(dataset, indices, 1, cuts, reseed, timer))
+    plan = batch.write(slot_destination(target), _fetched(dataset, indices, cuts, reseed, timer))
     timer.to_collate()
     return plan
 
 
-def _fetched(dataset: Any, indices: Sequence[Any], start: int, cuts: Sequence[tuple[int, int]],
+def _fetched(dataset: Any, indices: Sequence[Any], cuts: Sequence[tuple[int, int]],
              reseed: Callable[[int], None] | None, timer: Any) -> Iterable[Any]:
-    """The samples at ``indices[start:]``, one at a time, each part seeded as it begins;
+    """The samples at ``indices[1:]`` (sample 0 is read already), one at a time, each part seeded as it begins;
     with a ``timer``, their fetches are timed as fetch, the writing between them as collate."""
     parts = dict(cuts)
-    for pos in range(start, len(indices)):
+    for pos in range(1, len(indices)):
         if timer is not None:
             timer.to_collate()
         if pos in parts:
