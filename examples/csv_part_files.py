@@ -1,6 +1,7 @@
 """Read a dataset split across CSV part files with a custom iterable source.
 
     python examples/csv_part_files.py [--dir DIR] [--write N] [--workers 2] [--batch-size 256]
+                                      [--shuffle-buffer N]
 
 The classic custom reader: two comma-separated columns of numbers, ``x,y``, one sample
 per line, split across files ``part-000``, ``part-001``, ... in a directory (as Spark,
@@ -13,7 +14,10 @@ Sharding, by file. Every worker of every rank is one *reader*:
     reader  = rank * num_workers + worker id        (0 .. readers - 1)
     readers = world_size * num_workers
 
-and reader ``r`` reads ``files[r::readers]``, each file from its first line to its last.
+and reader ``r`` reads ``files[r::readers]``, each file from its first line to its last
+(``shmload.stream_parts(files)`` makes that share; with ``--shuffle-buffer N`` the loader
+shuffles: ``files`` are first put in each epoch's order, the same permutation in every
+worker and on every rank, and each worker's lines go through a buffer of N).
 Together the readers read every file once, and no two read the same one. Why by file,
 not by line: to give reader ``r`` every ``readers``-th line, each reader would have to
 read (and skip) every line of every file, and a file cannot be cut at a byte offset
@@ -39,7 +43,7 @@ been read, which is the work the loader is for (file sizes do not tell it). So
 It has ``state_dict()``/``load_state_dict()``: where its reader is (which of its files,
 and how many lines of it were read), so ``loader.state_dict()`` in the middle of an
 epoch, then ``load_state_dict()`` in a new loader with the same ``num_workers``,
-continues with exactly the batches that were still to come.
+continues with exactly the batches that were still to come, shuffled or not.
 
 A malformed line raises ``ValueError`` naming the file and the line number, in the
 worker; the loader raises it again in the main process.
@@ -78,6 +82,7 @@ import numpy as np
 
 import shmload
 import shmload.distributed
+from shmload.shuffle import parts_order
 
 PART_NAME = re.compile(r"part-(\d+)(\.csv)?")  # part-000, part-001, ... (part-00000.csv too)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -136,8 +141,8 @@ class _Cursor:
     """Where one iteration is: ``file`` indexes the reader's own files, ``line`` is the
     number of lines of that file read (and handed out) so far."""
 
-    def __init__(self, reader: int, readers: int, file: int = 0, line: int = 0):
-        self.reader, self.readers, self.file, self.line = reader, readers, file, line
+    def __init__(self, reader: int, readers: int, files: list[str], file: int = 0, line: int = 0):
+        self.reader, self.readers, self.files, self.file, self.line = reader, readers, files, file, line
 
 
 class CsvParts:
@@ -168,24 +173,26 @@ class CsvParts:
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         return self.rank * workers + worker, self.world_size * workers
 
-    def files_of(self, reader: int, readers: int) -> list[str]:
-        """The files reader ``reader`` of ``readers`` reads (maybe none)."""
-        return self.files[reader::readers]
+    def my_files(self) -> list[str]:
+        """The files this reader reads this epoch (maybe none), in the order it reads them:
+        ``files[reader::readers]``, of the epoch's order of ``files`` when the loader
+        shuffles (``shmload.stream_parts``)."""
+        return shmload.stream_parts(self.files, rank=self.rank, world_size=self.world_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # Not a generator function: the position must be taken now, not at the first next()
         # (the loader calls load_state_dict(), then iter(), then state_dict() after each batch).
         reader, readers = self.reader()
-        cursor = _Cursor(reader, readers)
+        cursor = _Cursor(reader, readers, self.my_files())
         state, self._resume = self._resume, None
         if state is not None:
-            self._check_state(state, reader, readers)
+            self._check_state(state, cursor)
             cursor.file, cursor.line = state["file"], state["line"]
         self._cursor = cursor
         return self._read(cursor)
 
     def _read(self, cursor: _Cursor) -> Iterator[dict[str, Any]]:
-        files = self.files_of(cursor.reader, cursor.readers)
+        files = cursor.files
         while cursor.file < len(files):
             path = os.path.join(self.directory, files[cursor.file])
             skip = cursor.line  # lines read before a resume
@@ -202,11 +209,11 @@ class CsvParts:
     # ------------------------------------------------------------ resume
     def state_dict(self) -> dict:
         """Where this copy's reader is: which of its files (``file``, an index into
-        ``files_of(reader, readers)``, and its ``name``) and how many of its lines were read."""
+        ``my_files()``, and its ``name``) and how many of its lines were read."""
         if self._resume is not None:
             return dict(self._resume)  # loaded, not iterated yet
-        cursor = self._cursor or _Cursor(*self.reader())
-        files = self.files_of(cursor.reader, cursor.readers)
+        cursor = self._cursor or _Cursor(*self.reader(), self.my_files())
+        files = cursor.files
         return {"reader": cursor.reader, "readers": cursor.readers, "file": cursor.file,
                 "name": files[cursor.file] if cursor.file < len(files) else None, "line": cursor.line}
 
@@ -217,12 +224,13 @@ class CsvParts:
             raise ValueError(f"CsvParts.load_state_dict: the state has no {', '.join(missing)}: {state!r}")
         self._resume = dict(state)
 
-    def _check_state(self, state: dict, reader: int, readers: int) -> None:
+    def _check_state(self, state: dict, cursor: _Cursor) -> None:
+        reader, readers = cursor.reader, cursor.readers
         if (state["reader"], state["readers"]) != (reader, readers):
             raise ValueError(f"CsvParts: the state was saved by reader {state['reader']} of {state['readers']}, "
                              f"but this is reader {reader} of {readers}: resume with the same number of "
                              "workers and ranks")
-        files = self.files_of(reader, readers)
+        files = cursor.files
         name = files[state["file"]] if 0 <= state["file"] < len(files) else None
         if name != state["name"]:
             raise ValueError(f"CsvParts: the state was saved at {state['name']} (file {state['file']} of reader "
@@ -249,11 +257,17 @@ def read_directly(source: CsvParts, files: list[str]) -> tuple[int, float, float
     return len(xs), math.fsum(xs), math.fsum(ys)
 
 
-def rank_files(source: CsvParts, num_workers: int) -> list[str]:
-    """The files the readers of this rank read, with ``num_workers`` workers."""
+def rank_files(source: CsvParts, num_workers: int, shuffled: bool, epoch: int = 0) -> list[str]:
+    """The files the readers of this rank read in ``epoch``, with ``num_workers`` workers:
+    the rank's readers' shares of the files, in the epoch's order if the loader shuffles
+    (``stream_parts`` seeds that order by the loader's seed, or 0 when none is given as
+    here, and the epoch: the same on every rank)."""
     workers = max(1, num_workers)
     readers = source.world_size * workers
-    mine = {name for w in range(workers) for name in source.files_of(source.rank * workers + w, readers)}
+    order = source.files
+    if shuffled:
+        order = [source.files[i] for i in parts_order(len(source.files), 0, epoch).tolist()]
+    mine = {name for w in range(workers) for name in order[source.rank * workers + w::readers]}
     return [name for name in source.files if name in mine]
 
 
@@ -266,11 +280,14 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="loader worker processes (default 2)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data's noise (default 0)")
+    parser.add_argument("--shuffle-buffer", type=int, default=0, metavar="N",
+                        help="shuffle the files and, through a buffer of N lines per worker, the lines "
+                             "(default 0: in file order)")
     args = parser.parse_args()
     if args.write is not None and args.write < 1:
         parser.error("--write should be at least 1")
-    if args.lines < 1 or args.batch_size < 1 or args.workers < 0:
-        parser.error("--lines and --batch-size should be at least 1, --workers at least 0")
+    if args.lines < 1 or args.batch_size < 1 or args.workers < 0 or args.shuffle_buffer < 0:
+        parser.error("--lines and --batch-size should be at least 1, --workers and --shuffle-buffer at least 0")
     if args.dir is not None and args.write is not None and os.path.isdir(args.dir) and part_files(args.dir):
         parser.error(f"{args.dir} has part files already: leave out --write to read them, or write elsewhere")
 
@@ -291,12 +308,16 @@ def main() -> int:
 def read(source: CsvParts, args: argparse.Namespace) -> int:
     workers = max(1, args.workers)
     readers = source.world_size * workers
+    shuffled = args.shuffle_buffer > 1
     print(f"{source}; {workers} reader(s) per rank ({args.workers} workers), {readers} in all; "
-          f"reader r reads files[r::{readers}]")
+          f"reader r reads files[r::{readers}]"
+          + (f" of each epoch's order of files, through a shuffle buffer of {args.shuffle_buffer} lines"
+             if shuffled else ""))
 
     xs, ys, batches = [], [], 0
     start = time.perf_counter()
-    with shmload.DataLoader(source, batch_size=args.batch_size, num_workers=args.workers) as loader:
+    with shmload.DataLoader(source, batch_size=args.batch_size, num_workers=args.workers,
+                            shuffle_buffer=args.shuffle_buffer) as loader:
         for batch in loader:
             # batch["x"], batch["y"]: float32 [B] (B = batch size, less for a worker's last
             # batch), views into shared memory: copied, since they are kept.
@@ -306,7 +327,7 @@ def read(source: CsvParts, args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     x = np.concatenate(xs) if xs else np.zeros(0, np.float32)
     y = np.concatenate(ys) if ys else np.zeros(0, np.float32)
-    files = rank_files(source, args.workers)
+    files = rank_files(source, args.workers, shuffled)
     nbytes = sum(os.path.getsize(os.path.join(source.directory, name)) for name in files)
     print(f"read {len(x)} lines of {len(files)} files in {batches} batches in {elapsed:.2f} s "
           f"({len(x) / elapsed:,.0f} lines/s, {nbytes / elapsed / 1e6:.1f} MB/s)")

@@ -9,7 +9,7 @@ from .deferred import Batched, DeferredArray
 from .distributed import DistributedSampler
 from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
                      SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
-from .iterable import GeneratorSource
+from .iterable import GeneratorSource, stream_parts
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .sharding import DistributedWarning
@@ -46,4 +46,5 @@ __all__ = [
     "WorkerStartupError",
     "default_collate",
     "get_worker_info",
+    "stream_parts",
 ]

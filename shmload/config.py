@@ -10,6 +10,7 @@ from . import _platform, pinning
 from ._checks import check_int
 from .errors import OptionalDependencyError, ShmloadWarning
 from .parts import DEFAULT_PARTS, MAX_PARTS, parts_of
+from .shuffle import StreamShuffle
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class LoaderConfig:
     pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)
     split_batches: bool | None = None  # None: when workers would idle; True: always; False: never (parts.py)
     batch_parts: int = DEFAULT_PARTS
+    stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffle buffer and readers (shuffle.py)
 
     @property
     def parts(self) -> int:

@@ -129,7 +129,7 @@ class SingleProcessEpoch(_Epoch):
         self._profile = profile
         self._stream = stream  # an iterable source's, kept by the loader across epochs
         self._source = BatchSource(cfg.dataset, cfg.collate_fn, cfg.auto_batch, cfg.seed, cfg.rank, stream,
-                                   plans=StackPlans())
+                                   plans=StackPlans(), shuffle=cfg.stream_shuffle)
         self._timer = BatchTimer()
         self._key = object()  # this epoch, for the stream (which must not keep the iterator alive)
         self._lock = threading.Lock()

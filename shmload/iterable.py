@@ -12,12 +12,17 @@ this module is the worker's side: one :class:`Stream` per worker, which turns a
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import inspect
 import itertools
 import sys
-from typing import Any, Callable, Iterator
+from collections import deque
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from . import shuffle as _shuffle
 from .messages import Draw, StreamPoint
+from .shuffle import ShuffleBuffer, StreamShuffle
 
 
 class GeneratorSource:
@@ -95,13 +100,102 @@ def classify(dataset: Any) -> tuple[Any, bool]:
     return dataset, False
 
 
-def check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
-    """An iterable source decides its own order: as torch, refuse the options that order."""
+def check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any, shuffle_buffer: int | None) -> None:
+    """An iterable source is read in its own order unless a shuffle buffer is given: as
+    torch, refuse the options that order a map-style dataset; ``shuffle=True`` is taken
+    together with a buffer, and ``shuffle=False`` contradicts one."""
+    buffered = shuffle_buffer not in (None, 0)
+    if shuffle is False and buffered:
+        raise ValueError(f"DataLoader with an iterable source: shuffle=False contradicts shuffle_buffer="
+                         f"{shuffle_buffer!r}, which shuffles the stream. Leave shuffle unspecified")
     for name, value in (("shuffle", shuffle), ("sampler", sampler), ("batch_sampler", batch_sampler)):
-        if value not in (None, False):
+        if value not in (None, False) and not (name == "shuffle" and buffered):
             raise ValueError(f"DataLoader with an iterable source: expected unspecified {name} option, but got "
-                             f"{name}={value!r}. A stream is read in its own order; shuffle inside it "
-                             "(for example with a shuffle buffer), or give a map-style dataset")
+                             f"{name}={value!r}. A stream is read in its own order: shuffle it with a shuffle "
+                             "buffer (shuffle_buffer=N samples per worker, for example 10000), or give a "
+                             "map-style dataset")
+
+
+def check_shuffle_buffer(shuffle_buffer: Any, iterable: bool) -> None:
+    if shuffle_buffer is None:
+        return
+    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        raise ValueError(f"shuffle_buffer should be a non-negative int (samples per worker stream) or None, "
+                         f"but got shuffle_buffer={shuffle_buffer!r}")
+    if shuffle_buffer and not iterable:
+        raise ValueError(f"shuffle_buffer={shuffle_buffer!r} is for iterable sources (datasets read as streams); "
+                         "a map-style dataset is shuffled by shuffle=True (or a sampler)")
+
+
+class StreamPlace(NamedTuple):
+    """Which stream a draw is of: the epoch, the loader's seed and rank, worker ``worker``
+    of ``workers`` (0 of 1 with ``num_workers=0``), and the loader's shuffling."""
+
+    epoch: int
+    seed: int
+    rank: int
+    worker: int
+    workers: int
+    shuffle: StreamShuffle | None = None
+
+
+_reading: contextvars.ContextVar[StreamPlace | None] = contextvars.ContextVar("shmload_stream", default=None)
+
+
+def stream_parts(parts: Sequence[Any], *, rank: int | None = None, world_size: int | None = None) -> list[Any]:
+    """The parts (shards, part files) of a stream this reader reads this epoch, for a
+    source to call in its ``__iter__``: every ``readers``-th part from its own, where
+    ``reader = rank * num_workers + worker id`` and ``readers = world_size *
+    num_workers``, so the readers of all ranks read each part once. ``rank`` and
+    ``world_size`` default to the loader's (torch.distributed's or torchrun's
+    environment; one process with ``distributed=False``). With a loader that shuffles
+    (``shuffle_buffer`` above 1) the parts are first put in the epoch's order: a
+    permutation seeded by the loader's seed if one was given, else 0, and the epoch, so
+    the same in every worker and on every rank. Outside a loader's reading: the rank's
+    share of ``parts``, in order (all of them by default)."""
+    place = _reading.get()
+    shuffle = place.shuffle if place is not None else None
+    found_size, found_rank = (shuffle.world_size, shuffle.world_rank) if shuffle is not None else (1, 0)
+    size = found_size if world_size is None else world_size
+    rank = found_rank if rank is None else rank
+    if not 0 <= rank < size:
+        raise ValueError(f"stream_parts: rank {rank} is not in [0, {size - 1}] (world size {size})")
+    workers, worker = (place.workers, place.worker) if place is not None else (1, 0)
+    return _shuffle.share_of_parts(parts, rank * workers + worker, size * workers, shuffle,
+                                   place.epoch if place is not None else 0)
+
+
+class _Snapshot(NamedTuple):
+    """A shuffled stream at a draw boundary: draws made, the buffer's steps and reads,
+    the source's length if it ended, and the source's ``state_dict()`` then (None at the
+    start: read from the beginning). NOTE [ A shuffle buffer that resumes exactly ]."""
+
+    draws: int
+    emitted: int
+    read: int
+    end: int | None
+    state: Any
+
+    def saved(self, buffer: int) -> dict:
+        return {"buffer": buffer, "draws": self.draws, "emitted": self.emitted, "read": self.read, "end": self.end,
+                "source": self.state}
+
+
+_SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source")
+
+
+def loaded_snapshot(state: Any, buffer: int) -> _Snapshot:
+    """A shuffled stream's saved position, checked: ``ValueError`` naming what is wrong."""
+    if not isinstance(state, dict) or any(k not in state for k in _SNAPSHOT_KEYS):
+        raise ValueError(f"a shuffled stream's state should be a dict with {', '.join(_SNAPSHOT_KEYS)}, but got "
+                         f"{state!r:.200}: was it saved by a loader without shuffle_buffer?")
+    if state["buffer"] != buffer:
+        raise ValueError(f"the stream's state was saved with shuffle_buffer={state['buffer']}, but this loader has "
+                         f"shuffle_buffer={buffer}: resume with the same buffer")
+    for key in ("draws", "emitted", "read"):
+        if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
+            raise ValueError(f"the stream's state has {key}={state[key]!r}, expected a non-negative int")
+    return _Snapshot(state["draws"], state["emitted"], state["read"], state["end"], state["source"])
 
 
 class Stream:
@@ -110,7 +204,8 @@ class Stream:
     ``seed(number)`` seeds the global RNGs for draw ``number``; the stream calls it for
     the draws it skips, so a skipped draw consumes the same randomness as when it was
     first made (a worker restarted without the source's state re-reads up to where its
-    predecessor was)."""
+    predecessor was). A shuffled stream reads through a :class:`~shmload.shuffle.ShuffleBuffer`
+    and saves its position as NOTE [ A shuffle buffer that resumes exactly ] says."""
 
     def __init__(self, source: Any):
         self.source = source
@@ -121,6 +216,10 @@ class Stream:
         self._it: Iterator[Any] | None = None
         self._draws = 0  # draws made this epoch
         self._ended = False
+        self._buffer: ShuffleBuffer | None = None  # a shuffled stream's
+        # a shuffled stream's states at draw boundaries, oldest first, from the newest one
+        # read before the oldest sample in the buffer (the one a point saves)
+        self._snapshots: deque[_Snapshot] = deque()
 
     @property
     def draws(self) -> int:
@@ -132,21 +231,39 @@ class Stream:
         return state_dict() if callable(state_dict) else None
 
     def point(self, failed: bool = False) -> StreamPoint:
-        """Where the stream is after a draw: the draws made and the source's state. After
-        a draw that raised (``failed``), a state that cannot be had either is None."""
+        """Where the stream is after a draw: the draws made and the source's state (for a
+        shuffled stream, the snapshot to resume from). After a draw that raised
+        (``failed``), a state that cannot be had either is None."""
         try:
-            return StreamPoint(self._draws, self.state())
+            state = self.state()
         except Exception:
             if not failed:
                 raise
             return StreamPoint(self._draws, None)
+        buf = self._buffer
+        if buf is None or state is None:
+            return StreamPoint(self._draws, state)
+        # (a copy: the snapshot is kept, and a source may change the dict it returned)
+        self._snapshots.append(_Snapshot(self._draws, buf.emitted, buf.read, buf.end, copy.deepcopy(state)))
+        oldest = buf.oldest()
+        while len(self._snapshots) > 1 and self._snapshots[1].read <= oldest:
+            self._snapshots.popleft()
+        return StreamPoint(self._draws, self._snapshots[0].saved(buf.size))
 
-    def draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None]) -> Any:
+    def draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None], place: StreamPlace | None = None) -> Any:
         """The samples of ``draw`` (a list, or one sample when unbatched), or None if the
         stream has ended. ``epoch_key`` changes with every epoch: a new key starts a new
-        iteration of the source (where ``draw.restore`` says)."""
+        iteration of the source (where ``draw.restore`` says); ``place`` says which
+        stream this is (for the shuffle buffer and :func:`stream_parts`)."""
+        token = _reading.set(place)
+        try:
+            return self._draw(epoch_key, draw, seed, place)
+        finally:
+            _reading.reset(token)
+
+    def _draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None], place: StreamPlace | None) -> Any:
         if epoch_key != self._epoch_key:
-            self._begin(epoch_key, draw.restore)
+            self._begin(epoch_key, draw.restore, place)
         while self._draws < draw.number and not self._ended:  # catch up: see StreamPoint
             seed(self._draws)
             try:
@@ -158,22 +275,52 @@ class Stream:
             return None
         if self._draws != draw.number:
             raise RuntimeError(f"{draw.describe()} came after draw {self._draws - 1}: draws go in order")
+        if self._buffer is not None and self._buffer.gone:
+            raise RuntimeError(
+                f"{draw.describe()}: the iterable source {type(self.source).__name__} did not read the same samples "
+                f"again after load_state_dict(): {self._buffer.gone} sample(s) of the shuffle buffer saved with the "
+                "state are missing. A shuffled stream resumes exactly only if the source reads the same from a "
+                "loaded state")
         seed(draw.number)
         return self._take(draw)
 
-    def _begin(self, epoch_key: Any, restore: StreamPoint | None) -> None:
+    def _begin(self, epoch_key: Any, restore: StreamPoint | None, place: StreamPlace | None) -> None:
         """Start the epoch's iteration. If the source cannot start (its ``iter()`` or
         ``load_state_dict()`` raises), the error is this draw's and the stream is ended:
         never read on from the previous epoch's iterator."""
         self._epoch_key = epoch_key
-        self._it = None
+        self._it = self._buffer = None
+        self._snapshots.clear()
         self._ended = True
         self._draws = 0
-        if restore is not None and restore.state is not None:
-            self.source.load_state_dict(restore.state)
-            self._draws = restore.draws
-        self._it = iter(self.source)
+        shuffle = place.shuffle if place is not None else None
+        if shuffle is not None and shuffle.buffer:
+            self._begin_shuffled(restore, place, shuffle.buffer)
+        else:
+            if restore is not None and restore.state is not None:
+                self.source.load_state_dict(restore.state)
+                self._draws = restore.draws
+            self._it = iter(self.source)
         self._ended = False
+
+    def _begin_shuffled(self, restore: StreamPoint | None, place: StreamPlace, size: int) -> None:
+        snap = _Snapshot(0, 0, 0, None, None)  # the start of the stream
+        if restore is not None and restore.state is not None:
+            snap = loaded_snapshot(restore.state, size)
+        key = _shuffle.stream_key(place.seed, place.epoch, place.rank, place.worker)
+        if snap.end is not None:  # the source was read to its end: the buffer drains, touching nothing
+            it: Iterator[Any] = iter(())
+        else:
+            if snap.read:
+                self.source.load_state_dict(snap.state)
+            it = iter(self.source)
+        if snap.read or snap.emitted:
+            self._buffer = ShuffleBuffer.resumed(it, size, key, snap.emitted, snap.read, snap.end)
+        else:
+            self._buffer = ShuffleBuffer(it, size, key)
+        self._draws = snap.draws
+        self._snapshots.append(snap)
+        self._it = self._buffer
 
     def _take(self, draw: Draw) -> Any:
         self._draws += 1

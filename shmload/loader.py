@@ -24,14 +24,16 @@ from .config import LoaderConfig, check_arguments, check_settings, iter_warnings
 from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import ShmloadWarning
-from .distributed import DistributedSampler, current_rank
-from .iterable import check_stream_options, classify
+from .distributed import DistributedSampler, current_rank, world as _distributed_world
+from .iterable import check_shuffle_buffer, check_stream_options, classify
 from .sampler import BatchSampler, orders
 from .parts import DEFAULT_PARTS
 from .pool import SessionPool
 from .profiler.stats import LoaderStats
+from .shuffle import StreamShuffle
 
-_FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers")
+_FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers",
+                      "shuffle_buffer")
 # Read again at the next iter(), as torch does: setting them takes effect then.
 _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
              "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts", "pin_memory",
@@ -55,11 +57,14 @@ class DataLoader:
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None,
-                 split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS):
+                 split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS,
+                 shuffle_buffer: int | None = None):
         user_dataset = dataset
         dataset, iterable = classify(dataset)
+        check_shuffle_buffer(shuffle_buffer, iterable)
         if iterable:
-            check_stream_options(shuffle, sampler, batch_sampler)
+            check_stream_options(shuffle, sampler, batch_sampler, shuffle_buffer)
+            shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
         batch_size, drop_last = check_arguments(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                                                 prefetch_factor, seed, generator, multiprocessing_context, distributed)
 
@@ -99,6 +104,8 @@ class DataLoader:
         self.split_batches = split_batches  # None: split when workers would idle (parts.py)
         self.batch_parts = batch_parts
         self.distributed = distributed  # read at every iter(): see sharding.py
+        self.shuffle_buffer = shuffle_buffer  # an iterable source's, samples per worker stream (shuffle.py)
+        self._world = (1, 0)  # (world size, rank) of the readers of an iterable source (stream_parts)
         self._auto_batch = auto_batch
         self._shuffle = bool(shuffle)
         self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
@@ -143,8 +150,16 @@ class DataLoader:
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
                 max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
                 rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last,
-                pinner=pinner, split_batches=self.split_batches, batch_parts=self.batch_parts)
+                pinner=pinner, split_batches=self.split_batches, batch_parts=self.batch_parts,
+                stream_shuffle=self._stream_shuffle())
         return self._cfg
+
+    def _stream_shuffle(self) -> StreamShuffle | None:
+        """An iterable source's shuffling and readers; its parts are shuffled by a seed that
+        is the same on every rank (as sharding.py's): the loader's if given, else 0."""
+        if not self._iterable:
+            return None
+        return StreamShuffle(self.shuffle_buffer or 0, self.seed if self._seed_given else 0, *self._world)
 
     # ------------------------------------------------------------ iteration
     # NOTE [ An epoch begins at its first batch ]
@@ -253,7 +268,12 @@ class DataLoader:
         shard, and mix the current rank into the batch seeds. Only ``iter()`` undoes a
         shard (``unshard``): a job that has destroyed its process group may still save a
         state its restart, sharded again, must be able to load."""
-        if not self._iterable:  # (a stream shards itself, by get_worker_info() and the rank)
+        if self._iterable:  # (a stream shards itself: stream_parts() or get_worker_info() and the rank)
+            world = _stream_world(self.distributed)
+            if world != self._world:
+                self._world = world
+                self._cfg = None
+        else:
             order = self._order_source if not self._own_sampler else None
             decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
             if decision.warn is not None:
@@ -292,8 +312,10 @@ class DataLoader:
         if self._iterable:
             if live:
                 self._saveable(_resume.capture(self._source, kind="iterable source"), "iterable source")
-                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching())
-            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching())
+                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching(),
+                                            self.shuffle_buffer or 0)
+            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching(),
+                                        self.shuffle_buffer or 0)
         if live:
             return _resume.map_state(current.epoch, self.seed, self._saveable(current.sampler_state), current,
                                      self._batching())
@@ -334,8 +356,10 @@ class DataLoader:
             if state["sampler"] is not None:  # None: saved without it (NOTE [ Saving without the sampler's state ])
                 _resume.check_resumable(self._order_source)
                 self._order_source.load_state_dict(state["sampler"])
-        elif any(s["state"] is not None for s in state["streams"]):
-            _resume.check_resumable(self._source, "iterable source")
+        else:
+            _resume.check_shuffle_buffer(state, self.shuffle_buffer or 0)
+            if any(s["state"] is not None for s in state["streams"]):
+                _resume.check_resumable(self._source, "iterable source")
         if state["seed"] != self.seed:
             self.seed = int(state["seed"])
         self._resume = state
@@ -418,3 +442,16 @@ class DataLoader:
                 f"num_workers={self.num_workers}, prefetch_factor={self.prefetch_factor}, "
                 f"persistent_workers={self.persistent_workers}, seed={self.seed}, output={self.output!r}; "
                 f"{where})")
+
+
+def _stream_world(distributed: bool | None) -> tuple[int, int]:
+    """(world size, rank) among which ``stream_parts()`` divides a stream's parts:
+    torch.distributed's or torchrun's environment (``distributed.world()``); one process
+    with ``distributed=False``, which has every rank read everything."""
+    if distributed is False:
+        return 1, 0
+    try:
+        size, rank, _ = _distributed_world()
+    except (RuntimeError, ValueError):
+        return 1, 0
+    return size, rank

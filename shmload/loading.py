@@ -24,8 +24,9 @@ from typing import Any, Callable, NamedTuple
 from . import parts as _parts, seeding
 from .collate import StackPlans, make_plan
 from .fetch import fetch
-from .iterable import Stream
+from .iterable import Stream, StreamPlace
 from .messages import Draw, Indices
+from .shuffle import StreamShuffle
 
 _clock = time.perf_counter
 
@@ -46,6 +47,7 @@ class BatchSource(NamedTuple):
     worker: int = 0
     workers: int = 1
     plans: StackPlans | None = None  # the default collate's cached plans (NOTE [ The cached plan ], collate.py)
+    shuffle: StreamShuffle | None = None  # an iterable source's shuffling (shuffle.py)
 
 
 class BatchTimer:
@@ -122,7 +124,8 @@ def _load_draw(src: BatchSource, epoch: int, draw: Draw, epoch_key: Any, timer: 
     def seed(number: int) -> None:
         seeding.seed_globals(src.seed, epoch, seeding.stream_position(number, src.worker, src.workers), src.rank)
 
-    samples = src.stream.draw(epoch_key, draw, seed)
+    place = StreamPlace(epoch, src.seed, src.rank, src.worker, src.workers, src.shuffle)
+    samples = src.stream.draw(epoch_key, draw, seed, place)
     if samples is None:
         return ENDED
     timer.to_fetch()

@@ -40,12 +40,13 @@ def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress
             "sampler": sampler_state}
 
 
-def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None, batching: dict) -> dict:
+def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None, batching: dict,
+                 shuffle_buffer: int = 0) -> dict:
     if progress is None:
         progress = StreamProgress(streams)
     return {KEY: FORMAT, "kind": "iterable", "epoch": epoch, "seed": seed, "batching": batching, "streams": [
         {"draws": progress.draws[w], "state": progress.states[w], "ended": w in progress.ended}
-        for w in range(streams)], "next_worker": progress.next_worker}
+        for w in range(streams)], "next_worker": progress.next_worker, "shuffle_buffer": shuffle_buffer}
 
 
 def restores(state: dict) -> dict[int, StreamPoint]:
@@ -68,6 +69,9 @@ def check(state: Any, kind: str) -> dict:
         raise ValueError(f"load_state_dict: the state was saved by a loader over a{'n' if state.get('kind') == 'iterable' else ''} "
                          f"{state.get('kind')} dataset, but this loader's dataset is {kind}")
     problems = _problems(state, _MAP if kind == "map" else _ITERABLE, "state")
+    if kind == "iterable" and not _count(state.get("shuffle_buffer", 0)):  # (absent: saved before it existed)
+        problems.append(f"state['shuffle_buffer'] is {_described(state['shuffle_buffer'])}, expected {_COUNT}, the "
+                        "shuffle_buffer of the loader that saved it")
     if not problems and kind == "iterable" and state["next_worker"] >= len(state["streams"]):
         problems.append(f"state['next_worker'] is {state['next_worker']}, expected an int below "
                         f"len(state['streams']), {len(state['streams'])} (the worker whose turn is next)")
@@ -156,6 +160,15 @@ def check_streams(num_workers: int, resume: dict) -> None:
             f"the loaded state is of an iterable source read by {saved} stream(s) (num_workers="
             f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={num_workers}: each "
             "worker reads its own shard of the stream, so resume with the same number of workers")
+
+def check_shuffle_buffer(state: dict, buffer: int) -> None:
+    """A stream's position means the same samples only behind the same shuffle buffer."""
+    saved = state.get("shuffle_buffer", 0)
+    if saved != buffer:
+        raise ValueError(f"load_state_dict: the state was saved by a loader with shuffle_buffer={saved}, but "
+                         f"this one has shuffle_buffer={buffer}: the saved position counts the samples of "
+                         "that buffer's order")
+
 
 def check_batching(saved: dict, ours: dict) -> None:
     """A position counts batches: it means something only under the same grouping."""

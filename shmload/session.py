@@ -89,7 +89,7 @@ class Session:
             self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
             self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
             self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
-                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn))
+                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn), cfg.stream_shuffle)
             for h in self.supervisor.workers:
                 self._send_board(h.id)
             if profile is not None:

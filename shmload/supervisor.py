@@ -36,6 +36,7 @@ from .control import ControlBlock
 from .errors import ShmloadError
 from .messages import AttachControl, Shutdown
 from .shm import Segment
+from .shuffle import StreamShuffle
 from .shipping import PerWorker
 from .worker import UserCode, WorkerArgs, worker_main
 
@@ -80,7 +81,8 @@ class WorkerHandle:
 
 
 class Supervisor:
-    def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode):
+    def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode,
+                 stream_shuffle: StreamShuffle | None = None):
         _platform.check_supported(num_workers)
         if multiprocessing.current_process().daemon:
             raise ShmloadError(
@@ -101,7 +103,7 @@ class Supervisor:
         self._awaiting = [False] * num_workers
         method = ctx.get_start_method()
         payload = user if method == "fork" else PerWorker(user, method)
-        self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None)
+        self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None, stream_shuffle)
         self.workers: list[WorkerHandle] = []
         if method == "forkserver":
             # started outside start_window(), or the server (shared with the user's own

@@ -46,6 +46,7 @@ from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Faile
                        Reassign, Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
 from .port import ParentGone, Port, close_mapping as _close_mapping
 from .shm import AttachedSegment
+from .shuffle import StreamShuffle
 
 _clock = time.perf_counter
 
@@ -84,6 +85,7 @@ class WorkerArgs(NamedTuple):
     auto_batch: bool
     user: UserCode | bytes  # bytes: pickled in the main process (spawn, forkserver)
     conn: Any  # this worker's end of its socket to the main process
+    stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffling (shuffle.py)
 
 
 
@@ -164,7 +166,7 @@ class _WorkerLoop:
             if is_iterable_source(self.user.dataset):
                 self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
             self.source = BatchSource(self.user.dataset, self.user.collate_fn, a.auto_batch, a.seed, a.rank,
-                                      self.stream, a.worker_id, a.num_workers, StackPlans())
+                                      self.stream, a.worker_id, a.num_workers, StackPlans(), a.stream_shuffle)
         except Exception as exc:
             self.send(StartupFailed(a.worker_id, RemoteError.capture(exc)))
             return False

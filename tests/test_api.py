@@ -23,7 +23,7 @@ def test_public_exports_do_not_drift():
         "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
         "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats", "Batched", "DeferredArray",
-        "ImageDecodeError", "DistributedSampler", "DistributedWarning", "GeneratorSource"])
+        "ImageDecodeError", "DistributedSampler", "DistributedWarning", "GeneratorSource", "stream_parts"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
 

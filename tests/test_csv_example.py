@@ -24,6 +24,7 @@ import pytest
 from .scripts import describe, run_script
 
 import shmload
+from shmload.testing import assert_resumes_exactly
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "csv_part_files.py")
@@ -149,10 +150,10 @@ def test_the_check_fails_when_lines_are_read_twice(tmp_path, capsys):
     write_ids(tmp_path)
 
     class Unsharded(example.CsvParts):
-        def reader(self):
-            return 0, 1
+        def my_files(self):
+            return list(self.files)
 
-    args = argparse.Namespace(workers=2, batch_size=BATCH)
+    args = argparse.Namespace(workers=2, batch_size=BATCH, shuffle_buffer=0)
     assert example.read(Unsharded(str(tmp_path)), args) == 1
     assert f"the loader gave {2 * sum(LENGTHS)} lines" in capsys.readouterr().err
     assert example.read(example.CsvParts(str(tmp_path)), args) == 0
@@ -263,6 +264,33 @@ def test_exact_resume_in_the_middle_of_an_epoch(tmp_path, workers, k):
         rest = read_all(resumed)
     assert len(rest) == len(full) - k
     assert all(np.array_equal(a, b) for a, b in zip(rest, full[k:]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_read_resumes_exactly_and_still_reads_every_line_once(tmp_path, workers):
+    """shuffle_buffer: each epoch reads the files in another order (stream_parts) and the
+    lines through the buffer; every line once per epoch, and a resume at several points
+    continues with exactly the batches of an uninterrupted run."""
+    write_ids(tmp_path)
+
+    def make_loader(num_workers, seed):
+        return shmload.DataLoader(example.CsvParts(str(tmp_path)), batch_size=BATCH, num_workers=num_workers,
+                                  seed=seed, shuffle_buffer=40, timeout=30)
+
+    with make_loader(workers, 3) as loader:
+        epochs = [[i for b in as_lists(read_all(loader)) for i in b] for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(sum(LENGTHS)))
+    assert epochs[0] != epochs[1] and epochs[0] != sorted(epochs[0])
+    pairs = [(0, 0), (0, 1), (1, 0)] if workers == 0 else [(2, 2)]
+    assert_resumes_exactly(make_loader, stops=[2, 13, 30], epochs=2, pairs=pairs, reference_workers=workers)
+
+
+def test_the_script_shuffles_and_still_reads_every_line_once():
+    result = run(["--workers", "2", "--shuffle-buffer", "500"])
+    assert result.returncode == 0, describe(result)
+    check_fit(result.stdout)
+    assert "through a shuffle buffer of 500 lines" in result.stdout
+    assert "check: every line read exactly once (32000 lines" in result.stdout
 
 
 @pytest.mark.parametrize("workers", [0, 2])

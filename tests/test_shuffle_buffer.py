@@ -1,0 +1,354 @@
+"""Shuffling streams (issue 22): a seeded shuffle buffer per worker stream that resumes
+exactly, and stream_parts(), the shared shuffle of a stream's parts."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import shmload
+from shmload import DataLoader, GeneratorSource, ShmloadWarning
+from shmload.iterable import Stream, StreamPlace
+from shmload.messages import Draw, StreamPoint
+from shmload.shuffle import BLOCK, ShuffleBuffer, StreamShuffle, arrangement, parts_order, share_of_parts
+from shmload.testing import assert_resumes_exactly, run
+
+from .helpers import StatefulWorkerStreams, WorkerStreams
+
+
+def numbers(n):
+    """A stream of n (float32 row, label) samples: label k is the k-th sample."""
+    for k in range(n):
+        yield np.full(3, k, np.float32), k
+
+
+def labels(loader, epochs=1):
+    return [[int(x) for b in loader for x in b[1]] for _ in range(epochs)]
+
+
+def simulate(size, key, total):
+    """The buffer's order over range(total), written out the plain way (the NOTE in
+    shuffle.py): fill, then pick with u_t mod held, refill or move the last slot in."""
+    from shmload.shuffle import block_picks
+    buf, out, src, t = [], [], iter(range(total)), 0
+    for x in src:
+        buf.append(x)
+        if len(buf) == size:
+            break
+    ended = len(buf) < size
+    while buf:
+        u = int(block_picks(key, t // BLOCK)[t % BLOCK])
+        nxt = None if ended else next(src, None)
+        ended = ended or nxt is None
+        j = u % len(buf)
+        out.append(buf[j])
+        if nxt is not None:
+            buf[j] = nxt
+        else:
+            last = buf.pop()
+            if j < len(buf):
+                buf[j] = last
+        t += 1
+    return out
+
+
+# ---------------------------------------------------------------- the buffer, pure
+@pytest.mark.parametrize("size,total", [(1, 50), (7, 0), (7, 3), (7, 7), (7, 8), (64, 5000), (5000, 20000)])
+def test_the_buffer_is_the_plain_algorithm_and_emits_every_sample_once(size, total):
+    key = (3, 1, 0, 2)
+    got = list(ShuffleBuffer(iter(range(total)), size, key))
+    assert got == simulate(size, key, total)
+    assert sorted(got) == list(range(total))
+    if size == 1:
+        assert got == list(range(total))
+
+
+@pytest.mark.parametrize("size,total", [(1, 40), (5, 3), (5, 5), (16, 400), (300, 9000)])
+def test_the_arrangement_is_computed_for_any_step_without_the_samples(size, total):
+    """arrangement() (picks found backwards, the drain replayed) equals the slots of a
+    buffer run forward, at every step, in both phases."""
+    key = (9, 4, 1, 0)
+    buf = ShuffleBuffer(iter(range(total)), size, key)
+    checked = 0
+    while True:
+        if buf.read and (buf.emitted % 7 == 0 or buf.end is not None):
+            assert arrangement(size, key, buf.emitted, buf.read, buf.end) == buf._positions
+            checked += 1
+        try:
+            next(buf)
+        except StopIteration:
+            break
+    assert checked > 2
+
+
+def test_an_arrangement_no_buffer_can_reach_is_refused():
+    with pytest.raises(ValueError, match=r"a shuffle buffer of 8 after 5 steps has read 13 samples, not 12"):
+        arrangement(8, (0, 0, 0, 0), 5, 12, None)
+
+
+def test_a_source_error_changes_nothing_and_the_next_call_asks_again():
+    def flaky():
+        for k in range(30):
+            if k in (3, 17):
+                yield "bad"
+            yield k
+
+    class Raising:
+        def __init__(self):
+            self.it = flaky()
+
+        def __next__(self):
+            x = next(self.it)
+            if x == "bad":
+                raise ValueError("bad record")
+            return x
+
+    buf = ShuffleBuffer(Raising(), 8, (1, 1, 1, 1))
+    got, errors = [], 0
+    while True:
+        try:
+            got.append(next(buf))
+        except ValueError:
+            errors += 1
+        except StopIteration:
+            break
+    assert errors == 2
+    assert got == simulate(8, (1, 1, 1, 1), 30)
+
+
+def test_the_parts_share_is_a_partition_shuffled_alike_everywhere():
+    parts = [f"part-{i:03d}" for i in range(23)]
+    shuffle = StreamShuffle(100, parts_seed=5)
+    for epoch in range(3):
+        shares = [share_of_parts(parts, r, 4, shuffle, epoch) for r in range(4)]
+        assert sorted(sum(shares, [])) == parts
+        assert shares == [share_of_parts(parts, r, 4, shuffle, epoch) for r in range(4)]  # the same in every process
+    assert share_of_parts(parts, 0, 1, shuffle, 0) != share_of_parts(parts, 0, 1, shuffle, 1)
+    assert share_of_parts(parts, 0, 1, shuffle, 0) != parts
+    assert share_of_parts(parts, 1, 4, StreamShuffle(1, 5), 0) == parts[1::4]  # a buffer of one: in order
+    assert share_of_parts(parts, 1, 4, None, 0) == parts[1::4]
+    assert parts_order(23, 5, 0).tolist() != parts_order(23, 6, 0).tolist()
+
+
+# ---------------------------------------------------------------- through the loader
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_once_per_epoch_in_an_order_that_differs_from_the_file_and_between_epochs(workers):
+    loader = DataLoader(StatefulWorkerStreams([300, 250]), batch_size=8, num_workers=workers, seed=3, timeout=30,
+                        shuffle_buffer=64)
+    first, second = labels(loader, 2)
+    plain = labels(DataLoader(StatefulWorkerStreams([300, 250]), batch_size=8, num_workers=workers, timeout=30))[0]
+    assert sorted(first) == sorted(second) == sorted(plain)
+    assert len(set(first)) == len(first)
+    assert first != plain and second != plain and first != second
+
+
+def test_a_buffer_of_one_is_the_unshuffled_order():
+    kwargs = dict(batch_size=5, num_workers=2, seed=3, timeout=30)
+    plain = labels(DataLoader(StatefulWorkerStreams([47, 31]), **kwargs), 2)
+    assert labels(DataLoader(StatefulWorkerStreams([47, 31]), shuffle_buffer=1, **kwargs), 2) == plain
+    assert labels(DataLoader(StatefulWorkerStreams([47, 31]), shuffle_buffer=0, **kwargs), 2) == plain
+
+
+def test_the_same_seed_gives_the_same_batches_and_one_stream_is_one_stream():
+    """num_workers=0 and 1 read one stream (worker 0 of 1), so they give the same
+    batches; with more workers each stream is shuffled by its own key, and a rerun with
+    the same seed gives the same batches."""
+    def batches(workers, seed):
+        loader = DataLoader(StatefulWorkerStreams([120, 90, 60]), batch_size=4, num_workers=workers, seed=seed,
+                            timeout=30, shuffle_buffer=32)
+        return run(loader, 2)[0]
+
+    assert batches(0, 7) == batches(1, 7)
+    assert batches(3, 7) == batches(3, 7)
+    assert batches(0, 7) != batches(0, 8)
+
+
+def test_mixing_grows_with_the_buffer():
+    """Mean displacement of a sample from its position in the stream: about N/2 for a
+    buffer of N in steady state (each step takes any slot with equal chance), 0 for N=1."""
+    def displacement(size):
+        loader = DataLoader(GeneratorSource(numbers, 20000), batch_size=500, seed=1, shuffle_buffer=size)
+        order = labels(loader)[0]
+        return float(np.mean(np.abs(np.arange(len(order)) - np.array(order))))
+
+    figures = [displacement(n) for n in (1, 10, 100, 1000)]
+    assert figures[0] == 0
+    assert figures[1] < figures[2] < figures[3]
+    for n, d in zip((10, 100, 1000), figures[1:]):
+        assert 0.5 * n < d < 2 * n, (n, d)
+
+
+def test_the_buffer_holds_references_not_copies():
+    kept = []
+
+    def objects():
+        for k in range(50):
+            row = np.full(4, k, np.int32)
+            kept.append(row)
+            yield row
+
+    buf = ShuffleBuffer(objects(), 10, (0, 0, 0, 0))
+    out = list(buf)
+    assert all(any(o is k for k in kept) for o in out)
+
+
+# ---------------------------------------------------------------- exact resume
+def make(lengths, buffer=16, source=StatefulWorkerStreams, **extra):
+    def make_loader(num_workers, seed):
+        return DataLoader(source(lengths), batch_size=4, num_workers=num_workers, seed=seed, timeout=30,
+                          shuffle_buffer=buffer, **extra)
+    return make_loader
+
+
+def test_a_shuffled_stream_resumes_exactly_at_any_point_with_one_stream():
+    """Stops while the buffer fills, in steady state, while it drains, at an epoch's end."""
+    assert_resumes_exactly(make([70]), stops=[1, 4, 9, 15, 18, 19, 25], epochs=2, workers=(0, 1))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_shuffled_stream_resumes_exactly_with_several_workers(workers):
+    assert_resumes_exactly(make([70, 45, 90][:workers]), stops=[2, 11, 30], epochs=2,
+                           pairs=[(workers, workers)], reference_workers=workers)
+
+
+def test_a_large_buffer_resumes_exactly_and_its_state_stays_small():
+    """A buffer bigger than a pick block, a stream longer than several: the state is a few
+    ints and one state of the source whatever the buffer's size."""
+    assert_resumes_exactly(make([9000], buffer=5000), stops=[3, 700], epochs=1, workers=(0, 1))
+    states = {}
+    for buffer in (10, 5000):
+        loader = make([9000], buffer=buffer)(num_workers=0, seed=1)
+        _, states[buffer] = run(loader, 1, stop_after=600)
+    sizes = {b: len(json.dumps(s)) for b, s in states.items()}
+    assert sizes[5000] < 600 and abs(sizes[5000] - sizes[10]) < 40, sizes
+
+
+def test_a_resumed_stream_saves_and_resumes_again():
+    """The placeholders' positions of a resumed buffer choose its later snapshots: a
+    state saved after a resume resumes exactly too."""
+    make_loader = make([80, 66], buffer=12)
+    reference = run(make_loader(num_workers=2, seed=5), 2)[0]
+    _, state = run(make_loader(num_workers=2, seed=5), 2, stop_after=5)
+    done = 5
+    for more in (6, 9, 7):
+        loader = make_loader(num_workers=2, seed=5)
+        loader.load_state_dict(state)
+        got, state = run(loader, 2 - state["epoch"], stop_after=more)
+        assert got == reference[done:done + more], done
+        done += more
+    loader = make_loader(num_workers=2, seed=5)
+    loader.load_state_dict(state)
+    assert run(loader, 2 - state["epoch"])[0] == reference[done:]
+
+
+def test_a_source_without_state_dict_resumes_by_reading_again():
+    with pytest.warns(ShmloadWarning, match=r"has no state_dict or load_state_dict"):
+        assert_resumes_exactly(make([60], source=WorkerStreams), stops=[3, 12], epochs=1, workers=(0, 1))
+
+
+def test_a_restarted_worker_takes_up_its_shuffled_stream(tmp_path, start_method):
+    """The replacement loads the snapshot its predecessor last reported and replays the
+    draws since: the epoch is bit-identical to one without the fault."""
+    kwargs = dict(batch_size=3, num_workers=2, seed=6, timeout=30, multiprocessing_context=start_method,
+                  shuffle_buffer=10)
+    expected = run(DataLoader(StatefulWorkerStreams([60, 60]), **kwargs), 1)[0]
+    loader = DataLoader(StatefulWorkerStreams([60, 60], die_at=1040, marker_dir=tmp_path), max_worker_restarts=1,
+                        **kwargs)
+    with pytest.warns(ShmloadWarning, match=r"worker process 1 .* SIGKILL unexpectedly; started pid \d+ in its place"):
+        got = run(loader, 1)[0]
+    assert (tmp_path / "died").exists()
+    assert got == expected
+
+
+def test_resuming_behind_another_buffer_is_refused():
+    loader = make([40])(num_workers=0, seed=1)
+    _, state = run(loader, 1, stop_after=2)
+    other = make([40], buffer=8)(num_workers=0, seed=1)
+    with pytest.raises(ValueError, match=r"saved by a loader with shuffle_buffer=16, but this one has "
+                                         r"shuffle_buffer=8"):
+        other.load_state_dict(state)
+    state["shuffle_buffer"] = -1
+    with pytest.raises(ValueError, match=r"state\['shuffle_buffer'\] is -1 \(an int\), expected a non-negative int"):
+        other.load_state_dict(state)
+
+
+def test_a_buffer_that_was_not_refilled_is_an_error_not_a_placeholder():
+    """A stream resumed at a position whose buffer the draws since do not empty (a state
+    put together by hand) raises rather than deliver what it does not have."""
+    stream = Stream(StatefulWorkerStreams([50]))
+    saved = {"buffer": 8, "draws": 3, "emitted": 12, "read": 20, "end": None, "source": {"pos": 20}}
+    place = StreamPlace(0, 1, 0, 0, 1, StreamShuffle(8, 0))
+    draw = Draw(0, 3, 4, False, StreamPoint(3, saved))
+    with pytest.raises(RuntimeError, match=r"draw 3 of worker 0's stream: the iterable source StatefulWorkerStreams "
+                                           r"did not read the same samples again after load_state_dict\(\): 8 "
+                                           r"sample\(s\)"):
+        stream.draw(object(), draw, lambda n: None, place)
+
+
+# ---------------------------------------------------------------- stream_parts
+class Parts:
+    """A source made of parts: 12 parts of 10 samples, part p's sample i labelled p*100+i."""
+
+    def __iter__(self):
+        for part in shmload.stream_parts(range(12)):
+            for i in range(10):
+                yield np.zeros(1, np.float32), part * 100 + i
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_stream_parts_divides_the_parts_and_shuffles_them_per_epoch(workers):
+    """Each worker reads every third part (of the epoch's order when the loader
+    shuffles); batches come in rotation, so worker w gave batches w, w + 3, ..."""
+    streams = max(1, workers)
+
+    def parts_read(buffer):
+        loader = DataLoader(Parts(), batch_size=10, num_workers=workers, seed=2, timeout=30, shuffle_buffer=buffer)
+        out = []
+        for _ in range(2):
+            batches = [[int(x) // 100 for x in b[1]] for b in loader]
+            out.append([list(dict.fromkeys(sum(batches[w::streams], []))) for w in range(streams)])
+        return out
+
+    plain = parts_read(None)
+    assert plain[0] == plain[1] == [list(range(12))[w::streams] for w in range(streams)]
+    assert parts_read(1) == plain  # a buffer of one: the stream's own order, parts included
+    first, second = parts_read(2)
+    for epoch in (first, second):
+        assert sorted(sum(epoch, [])) == list(range(12))
+    assert first != second and first != plain[0]
+
+
+def test_stream_parts_outside_a_loader_is_every_part_in_order():
+    assert shmload.stream_parts(["a", "b", "c"]) == ["a", "b", "c"]
+    assert [lab for _, lab in Parts()][:3] == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- settings
+def test_the_settings_are_checked_with_clear_messages():
+    with pytest.raises(ValueError, match=r"shuffle_buffer=10 is for iterable sources .* a map-style dataset is "
+                                         r"shuffled by shuffle=True"):
+        DataLoader(list(range(10)), shuffle_buffer=10)
+    for bad in (-1, True, 2.5, "10"):
+        with pytest.raises(ValueError, match=r"shuffle_buffer should be a non-negative int"):
+            DataLoader(GeneratorSource(numbers, 10), shuffle_buffer=bad)
+    with pytest.raises(ValueError, match=r"expected unspecified shuffle option, but got shuffle=True\. A stream is "
+                                         r"read in its own order: shuffle it with a shuffle buffer \(shuffle_buffer=N"):
+        DataLoader(GeneratorSource(numbers, 10), shuffle=True)
+    with pytest.raises(ValueError, match=r"shuffle=False contradicts shuffle_buffer=4"):
+        DataLoader(GeneratorSource(numbers, 10), shuffle=False, shuffle_buffer=4)
+    loader = DataLoader(GeneratorSource(numbers, 10), shuffle=True, shuffle_buffer=4, batch_size=5, seed=0)
+    assert sorted(sum(labels(loader), [])) == list(range(10))
+    with pytest.raises(ValueError, match=r"shuffle_buffer attribute should not be set after DataLoader is initialized"):
+        loader.shuffle_buffer = 8
+
+
+def test_unbatched_draws_shuffle_too():
+    loader = DataLoader(GeneratorSource(numbers, 40), batch_size=None, seed=4, shuffle_buffer=8)
+    got = [int(lab) for _, lab in loader]
+    assert sorted(got) == list(range(40)) and got != list(range(40))
+    assert got == [int(lab) for _, lab in DataLoader(GeneratorSource(numbers, 40), batch_size=None, seed=4,
+                                                     shuffle_buffer=8)]
+    random.seed(0)  # (the loader seeds the global RNGs per draw; leave them as other tests expect)
