@@ -145,6 +145,18 @@ def test_every_sample_once_per_epoch_in_an_order_that_differs_from_the_file_and_
     assert first != plain and second != plain and first != second
 
 
+def test_every_start_method_gives_the_same_shuffled_batches(all_start_methods):
+    """The buffer's key travels to spawned workers with their arguments: one worker gives
+    what num_workers=0 gives (one stream), two what two forked workers give."""
+    def batches(lengths, workers, method):
+        loader = DataLoader(StatefulWorkerStreams(lengths), batch_size=4, num_workers=workers, seed=9, timeout=30,
+                            shuffle_buffer=8, multiprocessing_context=method)
+        return run(loader, 1)[0]
+
+    assert batches([40], 1, all_start_methods) == batches([40], 0, None)
+    assert batches([40, 30], 2, all_start_methods) == batches([40, 30], 2, "fork")
+
+
 def test_a_buffer_of_one_is_the_unshuffled_order():
     kwargs = dict(batch_size=5, num_workers=2, seed=3, timeout=30)
     plain = labels(DataLoader(StatefulWorkerStreams([47, 31]), **kwargs), 2)
