@@ -16,6 +16,7 @@ import contextvars
 import copy
 import inspect
 import itertools
+import numbers
 import sys
 from collections import deque
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
@@ -101,25 +102,28 @@ def classify(dataset: Any) -> tuple[Any, bool]:
 
 
 def check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any, shuffle_buffer: int | None) -> None:
-    """An iterable source is read in its own order unless a shuffle buffer is given: as
-    torch, refuse the options that order a map-style dataset; ``shuffle=True`` is taken
-    together with a buffer, and ``shuffle=False`` contradicts one."""
-    buffered = shuffle_buffer not in (None, 0)
-    if shuffle is False and buffered:
+    """An iterable source is read in its own order unless a shuffle buffer (of more than
+    one sample) is given: as torch, refuse the options that order a map-style dataset;
+    ``shuffle=True`` is taken together with such a buffer, and ``shuffle=False``
+    contradicts one."""
+    if shuffle not in (None, False, True):
+        raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
+    shuffles = shuffle_buffer is not None and shuffle_buffer > 1
+    if shuffle is False and shuffles:
         raise ValueError(f"DataLoader with an iterable source: shuffle=False contradicts shuffle_buffer="
                          f"{shuffle_buffer!r}, which shuffles the stream. Leave shuffle unspecified")
     for name, value in (("shuffle", shuffle), ("sampler", sampler), ("batch_sampler", batch_sampler)):
-        if value not in (None, False) and not (name == "shuffle" and buffered):
+        if value not in (None, False) and not (name == "shuffle" and shuffles):
             raise ValueError(f"DataLoader with an iterable source: expected unspecified {name} option, but got "
                              f"{name}={value!r}. A stream is read in its own order: shuffle it with a shuffle "
-                             "buffer (shuffle_buffer=N samples per worker, for example 10000), or give a "
-                             "map-style dataset")
+                             "buffer (shuffle_buffer=N samples per worker, N above 1, for example 10000), or "
+                             "give a map-style dataset")
 
 
 def check_shuffle_buffer(shuffle_buffer: Any, iterable: bool) -> None:
     if shuffle_buffer is None:
         return
-    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, numbers.Integral) or shuffle_buffer < 0:
         raise ValueError(f"shuffle_buffer should be a non-negative int (samples per worker stream) or None, "
                          f"but got shuffle_buffer={shuffle_buffer!r}")
     if shuffle_buffer and not iterable:
@@ -184,17 +188,27 @@ class _Snapshot(NamedTuple):
 _SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source")
 
 
-def loaded_snapshot(state: Any, buffer: int) -> _Snapshot:
-    """A shuffled stream's saved position, checked: ``ValueError`` naming what is wrong."""
+def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snapshot:
+    """A shuffled stream's saved position (``draws``: the stream's draws delivered, which
+    it cannot be after), checked: ``ValueError`` naming what is wrong."""
     if not isinstance(state, dict) or any(k not in state for k in _SNAPSHOT_KEYS):
         raise ValueError(f"a shuffled stream's state should be a dict with {', '.join(_SNAPSHOT_KEYS)}, but got "
                          f"{state!r:.200}: was it saved by a loader without shuffle_buffer?")
     if state["buffer"] != buffer:
         raise ValueError(f"the stream's state was saved with shuffle_buffer={state['buffer']}, but this loader has "
                          f"shuffle_buffer={buffer}: resume with the same buffer")
-    for key in ("draws", "emitted", "read"):
-        if isinstance(state[key], bool) or not isinstance(state[key], int) or state[key] < 0:
-            raise ValueError(f"the stream's state has {key}={state[key]!r}, expected a non-negative int")
+    for key in ("draws", "emitted", "read", "end"):
+        value = state[key]
+        if not (value is None and key == "end") and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            raise ValueError(f"the stream's state has {key}={value!r}, expected a non-negative int"
+                             + (" or None" if key == "end" else ""))
+    if draws is not None and state["draws"] > draws:
+        raise ValueError(f"the stream's state is at draw {state['draws']}, after the {draws} draws it says were "
+                         "delivered")
+    if state["read"] and state["end"] is None and state["source"] is None:
+        raise ValueError("the stream's state has read samples but no state of the source to continue from")
+    _shuffle.check_position(buffer, state["emitted"], state["read"], state["end"])
     return _Snapshot(state["draws"], state["emitted"], state["read"], state["end"], state["source"])
 
 
@@ -220,6 +234,7 @@ class Stream:
         # a shuffled stream's states at draw boundaries, oldest first, from the newest one
         # read before the oldest sample in the buffer (the one a point saves)
         self._snapshots: deque[_Snapshot] = deque()
+        self._shuffled = False  # the epoch's stream reads through a buffer
 
     @property
     def draws(self) -> int:
@@ -234,17 +249,21 @@ class Stream:
         """Where the stream is after a draw: the draws made and the source's state (for a
         shuffled stream, the snapshot to resume from). After a draw that raised
         (``failed``), a state that cannot be had either is None."""
+        buf = self._buffer
         try:
             state = self.state()
+            if buf is not None and state is not None:
+                # (a copy: the snapshot is kept, and a source may change the dict it returned)
+                state = copy.deepcopy(state)
         except Exception:
             if not failed:
                 raise
             return StreamPoint(self._draws, None)
-        buf = self._buffer
+        if self._shuffled and buf is None:  # the shuffled stream did not start: read it again from the start
+            return StreamPoint(self._draws, None)
         if buf is None or state is None:
             return StreamPoint(self._draws, state)
-        # (a copy: the snapshot is kept, and a source may change the dict it returned)
-        self._snapshots.append(_Snapshot(self._draws, buf.emitted, buf.read, buf.end, copy.deepcopy(state)))
+        self._snapshots.append(_Snapshot(self._draws, buf.emitted, buf.read, buf.end, state))
         oldest = buf.oldest()
         while len(self._snapshots) > 1 and self._snapshots[1].read <= oldest:
             self._snapshots.popleft()
@@ -294,7 +313,8 @@ class Stream:
         self._ended = True
         self._draws = 0
         shuffle = place.shuffle if place is not None else None
-        if shuffle is not None and shuffle.buffer:
+        self._shuffled = shuffle is not None and shuffle.shuffles  # (a buffer of one is the stream's own order)
+        if self._shuffled:
             self._begin_shuffled(restore, place, shuffle.buffer)
         else:
             if restore is not None and restore.state is not None:
@@ -306,7 +326,7 @@ class Stream:
     def _begin_shuffled(self, restore: StreamPoint | None, place: StreamPlace, size: int) -> None:
         snap = _Snapshot(0, 0, 0, None, None)  # the start of the stream
         if restore is not None and restore.state is not None:
-            snap = loaded_snapshot(restore.state, size)
+            snap = loaded_snapshot(restore.state, size, restore.draws)
         key = _shuffle.stream_key(place.seed, place.epoch, place.rank, place.worker)
         if snap.end is not None:  # the source was read to its end: the buffer drains, touching nothing
             it: Iterator[Any] = iter(())

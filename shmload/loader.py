@@ -106,6 +106,7 @@ class DataLoader:
         self.distributed = distributed  # read at every iter(): see sharding.py
         self.shuffle_buffer = shuffle_buffer  # an iterable source's, samples per worker stream (shuffle.py)
         self._world = (1, 0)  # (world size, rank) of the readers of an iterable source (stream_parts)
+        self._parts_seed: int | None = None  # the seed of a stream's parts' order, once a loaded state said it
         self._auto_batch = auto_batch
         self._shuffle = bool(shuffle)
         self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
@@ -159,7 +160,8 @@ class DataLoader:
         is the same on every rank (as sharding.py's): the loader's if given, else 0."""
         if not self._iterable:
             return None
-        return StreamShuffle(self.shuffle_buffer or 0, self.seed if self._seed_given else 0, *self._world)
+        parts_seed = self._parts_seed if self._parts_seed is not None else self.seed if self._seed_given else 0
+        return StreamShuffle(self.shuffle_buffer or 0, parts_seed, *self._world)
 
     # ------------------------------------------------------------ iteration
     # NOTE [ An epoch begins at its first batch ]
@@ -313,9 +315,9 @@ class DataLoader:
             if live:
                 self._saveable(_resume.capture(self._source, kind="iterable source"), "iterable source")
                 return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching(),
-                                            self.shuffle_buffer or 0)
+                                            self._stream_shuffle())
             return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching(),
-                                        self.shuffle_buffer or 0)
+                                        self._stream_shuffle())
         if live:
             return _resume.map_state(current.epoch, self.seed, self._saveable(current.sampler_state), current,
                                      self._batching())
@@ -357,9 +359,17 @@ class DataLoader:
                 _resume.check_resumable(self._order_source)
                 self._order_source.load_state_dict(state["sampler"])
         else:
-            _resume.check_shuffle_buffer(state, self.shuffle_buffer or 0)
+            self._sync_distributed()
+            saved_parts_seed = state.get("parts_seed")
+            shuffle = self._stream_shuffle()
+            if saved_parts_seed is not None:
+                shuffle = shuffle._replace(parts_seed=saved_parts_seed)
+            _resume.check_shuffling(state, shuffle)
             if any(s["state"] is not None for s in state["streams"]):
                 _resume.check_resumable(self._source, "iterable source")
+            if saved_parts_seed is not None and saved_parts_seed != self._parts_seed:
+                self._parts_seed = saved_parts_seed
+                self._cfg = None
         if state["seed"] != self.seed:
             self.seed = int(state["seed"])
         self._resume = state

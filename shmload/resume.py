@@ -25,9 +25,11 @@ import copy
 import numbers
 from typing import Any, Callable, Iterable, NamedTuple
 
+from .iterable import loaded_snapshot
 from .messages import StreamPoint
 from .progress import BatchProgress, StreamProgress
 from .schedule import RoundRobinSchedule, SamplerSchedule
+from .shuffle import StreamShuffle
 
 FORMAT = 1
 KEY = "shmload_loader_state"  # the format version's key, which marks a dict as ours
@@ -41,12 +43,15 @@ def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress
 
 
 def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None, batching: dict,
-                 shuffle_buffer: int = 0) -> dict:
+                 shuffle: StreamShuffle) -> dict:
+    """``shuffle``: the loader's shuffling, whose buffer, parts seed and readers' world a
+    shuffled position means something under (absent from states saved before them)."""
     if progress is None:
         progress = StreamProgress(streams)
     return {KEY: FORMAT, "kind": "iterable", "epoch": epoch, "seed": seed, "batching": batching, "streams": [
         {"draws": progress.draws[w], "state": progress.states[w], "ended": w in progress.ended}
-        for w in range(streams)], "next_worker": progress.next_worker, "shuffle_buffer": shuffle_buffer}
+        for w in range(streams)], "next_worker": progress.next_worker, "shuffle_buffer": shuffle.buffer,
+        "parts_seed": shuffle.parts_seed, "world": [shuffle.world_size, shuffle.world_rank]}
 
 
 def restores(state: dict) -> dict[int, StreamPoint]:
@@ -69,9 +74,8 @@ def check(state: Any, kind: str) -> dict:
         raise ValueError(f"load_state_dict: the state was saved by a loader over a{'n' if state.get('kind') == 'iterable' else ''} "
                          f"{state.get('kind')} dataset, but this loader's dataset is {kind}")
     problems = _problems(state, _MAP if kind == "map" else _ITERABLE, "state")
-    if kind == "iterable" and not _count(state.get("shuffle_buffer", 0)):  # (absent: saved before it existed)
-        problems.append(f"state['shuffle_buffer'] is {_described(state['shuffle_buffer'])}, expected {_COUNT}, the "
-                        "shuffle_buffer of the loader that saved it")
+    if kind == "iterable":  # (keys absent from states saved before they existed)
+        problems += _problems({k: state[k] for k in _SHUFFLING.keys if k in state}, _SHUFFLING, "state")
     if not problems and kind == "iterable" and state["next_worker"] >= len(state["streams"]):
         problems.append(f"state['next_worker'] is {state['next_worker']}, expected an int below "
                         f"len(state['streams']), {len(state['streams'])} (the worker whose turn is next)")
@@ -161,13 +165,32 @@ def check_streams(num_workers: int, resume: dict) -> None:
             f"{saved if saved > 1 else '0 or 1'}), but this loader has num_workers={num_workers}: each "
             "worker reads its own shard of the stream, so resume with the same number of workers")
 
-def check_shuffle_buffer(state: dict, buffer: int) -> None:
-    """A stream's position means the same samples only behind the same shuffle buffer."""
+def check_shuffling(state: dict, shuffle: StreamShuffle) -> None:
+    """A position in the middle of an epoch means the same samples only behind the same
+    shuffle buffer (0 and 1 both mean none), and among readers of the same world (the
+    parts ``stream_parts()`` gives each depend on it); each stream's saved position is
+    checked now (NOTE [ Checking a loaded state ]). Between epochs nothing is read yet,
+    and the buffer may change."""
+    if not any(s["draws"] for s in state["streams"]):
+        return
     saved = state.get("shuffle_buffer", 0)
-    if saved != buffer:
-        raise ValueError(f"load_state_dict: the state was saved by a loader with shuffle_buffer={saved}, but "
-                         f"this one has shuffle_buffer={buffer}: the saved position counts the samples of "
-                         "that buffer's order")
+    if (saved if saved > 1 else 0) != (shuffle.buffer if shuffle.shuffles else 0):
+        raise ValueError(f"load_state_dict: the state was saved in the middle of an epoch by a loader with "
+                         f"shuffle_buffer={saved}, but this one has shuffle_buffer={shuffle.buffer}: the saved "
+                         "position counts the samples of that buffer's order")
+    world = state.get("world")
+    if world is not None and list(world) != [shuffle.world_size, shuffle.world_rank]:
+        raise ValueError(f"load_state_dict: the state was saved in the middle of an epoch by rank {world[1]} of "
+                         f"{world[0]} processes, but this loader is rank {shuffle.world_rank} of "
+                         f"{shuffle.world_size}: each reader's share of the stream depends on them. Resume in the "
+                         "same kind of job")
+    if shuffle.shuffles:
+        for w, stream in enumerate(state["streams"]):
+            if stream["state"] is not None:
+                try:
+                    loaded_snapshot(stream["state"], shuffle.buffer, stream["draws"])
+                except ValueError as exc:
+                    raise ValueError(f"load_state_dict: state['streams'][{w}]['state']: {exc}") from None
 
 
 def check_batching(saved: dict, ours: dict) -> None:
@@ -281,6 +304,11 @@ _MAP = _Dict("a loader state", {
     "delivered_beyond": _List("a list of non-negative ints, the positions delivered after next_batch",
                               _Expect(_COUNT, _count)),
     "sampler": _Expect("the sampler's state_dict(), or None", None)})
+_SHUFFLING = _Dict("the shuffling of the loader that saved it", {
+    "shuffle_buffer": _Expect(f"{_COUNT}, the shuffle_buffer of the loader that saved it", _count),
+    "parts_seed": _Expect(f"{_COUNT}, the seed of the order of a stream's parts", _count),
+    "world": _Expect("[world size, rank], two non-negative ints with the rank below the size",
+                     lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_count, v)) and v[1] < v[0])})
 _ITERABLE = _Dict("a loader state", {
     **_COMMON,
     "streams": _List("a non-empty list of dicts with 'draws', 'state' and 'ended', one per worker's stream",

@@ -50,7 +50,7 @@ class StreamShuffle(NamedTuple):
     """How a loader shuffles its streams (``DataLoader(shuffle_buffer=...)``), and who
     reads which parts: the same in every worker."""
 
-    buffer: int  # samples per worker stream; 0 or 1: the stream's own order
+    buffer: int  # samples per worker stream; 0 or 1: the stream's own order, read without a buffer
     parts_seed: int  # the same on every rank: the loader's seed if one was given, else 0 (as sharding.py)
     world_size: int = 1  # the ranks reading the source, for stream_parts()
     world_rank: int = 0
@@ -71,17 +71,11 @@ def arrangement(size: int, key: tuple[int, ...], emitted: int, read: int, end: i
     """The source position of the sample in each slot of a buffer of ``size`` after
     ``emitted`` steps with ``read`` samples read (``end``: the source's length, if it
     ended). Pure; ``ValueError`` for numbers no buffer can reach."""
+    check_position(size, emitted, read, end)
     if emitted == 0:  # still filling (a fill the source interrupted with an exception)
-        if read > size or (end is not None and end != read):
-            raise ValueError(f"a shuffle buffer of {size} that emitted nothing cannot have read {read} samples"
-                             + ("" if end is None else f" of {end}"))
         return list(range(read))
     full = size if end is None else min(size, end)
     refills = emitted if end is None else min(emitted, max(end - size, 0))
-    expected_read = full + refills
-    if read != expected_read or (end is not None and (end != read or emitted > end)):
-        raise ValueError(f"a shuffle buffer of {size} after {emitted} steps has read {expected_read} samples, "
-                         f"not {read}" + ("" if end is None else f" (source of {end} samples)"))
     positions = _refilled(size, key, refills) if refills else list(range(full))
     picks: dict[int, list[int]] = {}
     for t in range(refills, emitted):  # draining: the moves of ShuffleBuffer._drain
@@ -93,6 +87,22 @@ def arrangement(size: int, key: tuple[int, ...], emitted: int, read: int, end: i
         if j < len(positions):
             positions[j] = last
     return positions
+
+
+def check_position(size: int, emitted: int, read: int, end: int | None) -> None:
+    """``ValueError`` unless a buffer of ``size`` can be at ``emitted`` steps with ``read``
+    samples read (``end``: the source's length, if it ended). Pure."""
+    if end is not None and end != read:
+        raise ValueError(f"a shuffle buffer whose source ended after {end} samples has read {end}, not {read}")
+    if emitted == 0:
+        if read > size:
+            raise ValueError(f"a shuffle buffer of {size} that emitted nothing cannot have read {read} samples")
+        return
+    full = size if end is None else min(size, end)
+    refills = emitted if end is None else min(emitted, max(end - size, 0))
+    if read != full + refills or (end is not None and emitted > end):
+        raise ValueError(f"a shuffle buffer of {size} after {emitted} steps has read {full + refills} samples, "
+                         f"not {read}" + ("" if end is None else f" (source of {end} samples)"))
 
 
 def _refilled(size: int, key: tuple[int, ...], steps: int) -> list[int]:

