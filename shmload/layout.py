@@ -175,10 +175,11 @@ def span_destination(slot: np.ndarray, part: Layout, whole: Layout, start: int,
                      stop: int) -> Callable[[ArraySpec], np.ndarray]:
     """A destination writing a span's leaves (``part``'s specs) into rows ``start`` to
     ``stop - 1`` of each leaf of the whole batch (``whole``, see :func:`widened`)."""
-    into = {p.offset: w for p, w in zip(part.leaves, whole.leaves) if type(p) is ArraySpec}
+    # keyed by the whole spec, not its offset: an empty leaf shares its offset with the next
+    into = {p: w for p, w in zip(part.leaves, whole.leaves) if type(p) is ArraySpec}
 
     def view(spec: ArraySpec) -> np.ndarray:
-        w = into[spec.offset]
+        w = into[spec]
         row = w.nbytes // w.shape[0]
         data = slot[w.offset + start * row:w.offset + stop * row]
         return data.view(w.dtype).reshape((stop - start,) + tuple(w.shape[1:]))

@@ -86,12 +86,13 @@ class SplitBatches:
         """Every span of a split batch has reported: the batch, its error, or (None) it is
         sent again whole. Only now does its slot go back (NOTE in splitting.py)."""
         s, split = self._s, self._batches.pop(key)
-        layout = split.layout() if not (stale or split.error or split.redo) else None
+        redo = split.redo
+        layout = split.layout() if not (stale or split.error or redo) else None
         if layout is None:
             s._give_back(split.slot)
         if stale:
             return None
-        if split.error is not None:
+        if split.error is not None and not redo:
             wid, error = split.error
             span = split.spans[wid]
             # the words of a batch loaded whole (scripts match them); the part in a note
@@ -102,8 +103,8 @@ class SplitBatches:
                                   "importable here too")
             else:
                 exc = error.rebuild(where)
-            exc.add_note(f"Worker {wid} was loading rows {span.start} to {span.stop - 1} of the batch's {span.rows}: "
-                         "a part of it (split_batches, docs/api.md).")
+            _add_note(exc, f"Worker {wid} was loading rows {span.start} to {span.stop - 1} of the batch's "
+                           f"{span.rows}: a part of it (split_batches, docs/api.md).")
             return LoadFailed(split.seq, exc)
         if layout is None:
             self._send_whole(split)
@@ -122,3 +123,12 @@ class SplitBatches:
         task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
         s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
         s.supervisor.send(wid, task)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10, which has no ``add_note`` (tracebacks
+    print ``__notes__`` from 3.11 on; on 3.10 the note is kept, not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]

@@ -23,8 +23,10 @@ from .layout import ArraySpec, Layout, ObjectValue
 from .parts import Span
 
 # Failures in a span that loading the whole batch again turns into the error an unsplit
-# batch gives (with the sample's position in the batch, not in the span).
-_REDO_ERRORS = frozenset({"CollateError"})
+# batch gives (with the sample's position in the batch, not in the span): CollateError
+# and its subclass for batches written row by row, where whether rows are written one by
+# one is decided from the span's first sample, not the batch's (rowwise.py).
+_REDO_ERRORS = frozenset({"CollateError", "RowwiseTypeMismatch"})
 
 
 class SplitBatch:
@@ -37,7 +39,16 @@ class SplitBatch:
         self.slot = slot  # shared by every span (None until the ring is sized)
         self.layouts: dict[int, Layout] = {}  # first part -> the layout its span reported
         self.error: tuple[int, Any] | None = None  # (worker, RemoteError): the earliest span's failure
-        self.redo = False
+        self.redo_from: int | None = None  # the first part of the earliest span that calls for a redo
+
+    @property
+    def redo(self) -> bool:
+        """Is the batch loaded again, whole? When a span called for it and no span before
+        it failed: a batch loaded whole stops at its first bad sample, so an error after a
+        redo's span is not the batch's (the redo gives the batch's own)."""
+        if self.redo_from is None:
+            return False
+        return self.error is None or self.redo_from < self.spans[self.error[0]].first
 
     def done(self, wid: int, layout: Layout) -> None:
         self.pending.discard(wid)
@@ -46,7 +57,7 @@ class SplitBatch:
     def failed(self, wid: int, error: Any) -> None:
         self.pending.discard(wid)
         if error.type_name in _REDO_ERRORS:
-            self.redo = True
+            self._redo(wid)
         elif self.error is None or self.spans[wid].first < self.spans[self.error[0]].first:
             self.error = (wid, error)
 
@@ -59,7 +70,12 @@ class SplitBatch:
     def dropped(self, wid: int) -> None:
         """The span was told to drop its rows (no slot large enough): the batch is loaded again."""
         self.pending.discard(wid)
-        self.redo = True
+        self._redo(wid)
+
+    def _redo(self, wid: int) -> None:
+        first = self.spans[wid].first
+        if self.redo_from is None or first < self.redo_from:
+            self.redo_from = first
 
     @property
     def finished(self) -> bool:

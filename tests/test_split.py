@@ -133,6 +133,36 @@ def test_a_split_batch_waits_for_every_span_and_a_collate_error_loads_it_again_w
     assert failing.error[0] == 0  # the earliest rows' error, as loading the batch whole raises it
 
 
+def test_a_redo_before_an_error_loads_the_batch_again_and_a_redo_after_one_leaves_the_error():
+    """A batch loaded whole stops at its first bad sample: a collate error in an earlier
+    span than a dataset error is the batch's (loaded again whole, it raises it), and a
+    dataset error in an earlier span than a collate error is the batch's."""
+    spans = {0: span(8, 2, 0, 1), 1: span(8, 2, 1, 2)}
+    early_redo = SplitBatch(0, 5, list(range(8)), 2, spans, slot=None)
+    early_redo.failed(1, shmload.errors.RemoteError("KeyError", None, "late", ""))
+    early_redo.failed(0, shmload.errors.RemoteError("RowwiseTypeMismatch", None, "types", ""))
+    assert early_redo.finished and early_redo.redo
+    late_redo = SplitBatch(0, 5, list(range(8)), 2, spans, slot=None)
+    late_redo.failed(1, shmload.errors.RemoteError("CollateError", None, "shapes", ""))
+    late_redo.failed(0, shmload.errors.RemoteError("KeyError", None, "early", ""))
+    assert late_redo.finished and not late_redo.redo and late_redo.error[0] == 0
+
+
+def test_a_note_is_kept_where_exceptions_have_no_add_note():
+    from shmload.spans import _add_note
+
+    class Old:  # an exception of Python 3.10, which has no add_note
+        pass
+
+    old = Old()
+    _add_note(old, "first")
+    _add_note(old, "second")
+    assert old.__notes__ == ["first", "second"]
+    new = ValueError("x")
+    _add_note(new, "note")
+    assert new.__notes__ == ["note"]
+
+
 # ---------------------------------------------------------------- through the loader
 class Augmented:
     """Samples from the global RNGs (as random augmentations are), a label and a name;
@@ -285,6 +315,59 @@ def test_a_sample_that_does_not_stack_in_a_span_raises_the_unsplit_error_naming_
         assert next(it)[0].shape == (8, 3)
         with pytest.raises(CollateError, match=re.escape(first_line)):
             next(it)
+
+
+class Empty:
+    """Samples with an always-empty array before another one (they share an offset)."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"e": np.zeros(0, np.float32), "x": np.full(3, i, np.float32)}
+
+
+def test_an_empty_array_before_another_is_written_by_spans_as_loaded_whole():
+    want = list(shmload.DataLoader(Empty(), batch_size=8))
+    with shmload.DataLoader(Empty(), batch_size=8, num_workers=2, split_batches=True, timeout=30) as loader:
+        got = [{k: v.copy() for k, v in b.items()} for b in loader]
+    assert [g["e"].shape for g in got] == [(8, 0), (8, 0)]
+    assert all(np.array_equal(g["x"], w["x"]) for g, w in zip(got, want))
+
+
+class Wide:
+    """Samples of 80 KB (written row by row, rowwise.py) whose float type changes at
+    ``double_at``, and a KeyError at ``fail_at``."""
+
+    def __init__(self, double_at=None, fail_at=None):
+        self.double_at, self.fail_at = double_at, fail_at
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"no sample {i}")
+        return np.full(20000, i, np.float64 if i == self.double_at else np.float32)
+
+
+@pytest.mark.parametrize("fail_at", [None, 6])
+def test_a_row_by_row_type_mismatch_in_a_span_raises_the_unsplit_error(fail_at):
+    """Sample 5 (in the second span) is float64 where sample 0 is float32: the batch
+    loaded whole names position 5 against position 0, not positions within the span;
+    a dataset error later in the batch does not take its place."""
+    with shmload.DataLoader(Wide(double_at=5, fail_at=fail_at), batch_size=8, num_workers=1, split_batches=False,
+                            timeout=30) as loader:
+        with pytest.raises(CollateError) as unsplit:  # (written row by row in a worker, so not promoted)
+            list(loader)
+    said = [line for line in str(unsplit.value).splitlines() if "position" in line]
+    assert len(said) == 1 and "position 5" in said[0], said
+    with shmload.DataLoader(Wide(double_at=5, fail_at=fail_at), batch_size=8, num_workers=2, split_batches=True,
+                            timeout=30) as loader:
+        with pytest.raises(CollateError, match=r"Caught RowwiseTypeMismatch in DataLoader worker process \d while "
+                                               r"loading batch 0 \(dataset indices \[0, 1, 2, 3, 4, 5, 6, 7\]\)"
+                                               r"(?s:.*)" + re.escape(said[0])):
+            list(loader)
 
 
 def test_a_dataset_error_in_a_span_names_the_batch_its_indices_and_in_a_note_the_rows():
