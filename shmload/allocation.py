@@ -30,7 +30,7 @@ from collections import deque
 from typing import Iterable, NamedTuple
 
 from .dispatch import Dispatcher, InFlight
-from .errors import RingFullError
+from .errors import RingFullError, SharedMemoryError
 from .messages import NeedSpace
 from .ring import Ring, Slot, SlotState
 
@@ -175,16 +175,22 @@ class SlotAllocator:
     def slot_for_split(self, nbytes: int) -> Slot | None:
         """A slot of ``nbytes`` for a split batch sent before the ring was sized (its spans
         share one: splitting.py); the first such batch sizes the ring. None if the ring
-        cannot give one now (the batch is then loaded again whole, by the rules above)."""
-        if not self.ring.slot_bytes:
-            try:
-                self.ring.grow_capacity(nbytes, count=1)
-            except RingFullError:
-                return None  # (the batch loaded whole meets this again, and raises if waiting cannot help)
+        cannot give one now (the batch is then loaded again whole, by the rules above).
+
+        This runs while the session reads its workers' messages, where an exception would
+        lose the rest of them and leave the span's worker waiting for an answer: so a
+        failure to grow (a full ring, a full /dev/shm, no file descriptors left) is None
+        here too, and the batch loaded whole meets it again where growth is safe to
+        raise from (``Session._serve``), and raises it there if waiting cannot help."""
         error = self._error
-        slot = self._larger_slot(nbytes)
-        self._error = error  # (likewise: its failure is not for raise_if_stuck to raise)
-        return slot
+        try:
+            if not self.ring.slot_bytes:
+                self.ring.grow_capacity(nbytes, count=1)
+            return self._larger_slot(nbytes)
+        except (SharedMemoryError, OSError):
+            return None
+        finally:
+            self._error = error  # (its failure is not for raise_if_stuck to raise)
 
     def waiting_for(self, iteration: int, seq: int) -> Waiting | None:
         return next((w for w in self.waiting if (w.need.iteration, w.need.seq) == (iteration, seq)), None)

@@ -114,12 +114,21 @@ class SplitBatches:
         return Loaded(split.seq, split.slot, layout)
 
     def _send_whole(self, split: SplitBatch) -> None:
-        """Load a split batch again, whole, by the live worker holding the fewest tasks
-        (splitting.py says when); it asks for a slot as the ring's first batches do."""
+        """Load a split batch again, whole (splitting.py says when); it asks for a slot as
+        the ring's first batches do. A worker loads its tasks in order, and the allocator
+        serves slots earliest batch first: behind a later batch that waits for a larger
+        slot, this one would wait for ever. So it goes to a live worker holding no later
+        batch (the fewest tasks among them), and only if there is none to the one with
+        the fewest tasks."""
         s = self._s
         # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
         ids = [h.id for h in s.supervisor.live()] or [h.id for h in s.supervisor.workers]
-        wid = min(ids, key=lambda w: len(s.dispatcher.held_by(w)))
+
+        def later_and_held(w: int) -> tuple[bool, int]:
+            held = s.dispatcher.held_by(w)
+            return any(entry.task.seq > split.seq for entry in held), len(held)
+
+        wid = min(ids, key=later_and_held)
         task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
         s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
         s.supervisor.send(wid, task)

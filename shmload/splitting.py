@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import ArraySpec, Layout, ObjectValue
+from .layout import ArraySpec, Layout, ObjectValue, Template
 from .parts import Span
 
 # Failures in a span that loading the whole batch again turns into the error an unsplit
@@ -93,7 +93,7 @@ def merged(layouts: list[Layout]) -> Layout | None:
     leaves joined in order. None where they differ."""
     first = layouts[0]
     for other in layouts[1:]:
-        if other.structure != first.structure or other.nbytes != first.nbytes:
+        if other.nbytes != first.nbytes or not _alike(other.structure, first.structure):
             return None
         for a, b in zip(first.leaves, other.leaves):
             if type(a) is not type(b) or (type(a) is ArraySpec and a != b):
@@ -109,3 +109,17 @@ def merged(layouts: list[Layout]) -> Layout | None:
             leaf = ObjectValue(type(leaf.value)(joined))
         leaves.append(leaf)
     return Layout(first.structure, tuple(leaves), first.nbytes)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Do two spans' structures describe one batch? Equal, except that a copied container
+    (``layout.Template``, equal only to itself) is taken from each span's first sample:
+    of the same type, the batch keeps the first span's, which is the batch's sample 0's,
+    as a batch loaded whole does."""
+    if a == b:
+        return True
+    if type(a) is Template and type(b) is Template:
+        return type(a.value) is type(b.value)
+    if type(a) is not type(b) or not isinstance(a, tuple) or len(a) != len(b):
+        return False
+    return all(_alike(x, y) for x, y in zip(a, b))

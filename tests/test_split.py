@@ -3,6 +3,8 @@ batch put together from spans that equals the batch loaded whole."""
 
 from __future__ import annotations
 
+import collections
+
 import os
 import random
 import re
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 import shmload
+import shmload.spans
 from shmload import CollateError, WorkerDiedError, seeding
 from shmload.layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, widened
 from shmload.dispatch import Dispatcher, InFlight
@@ -146,6 +149,54 @@ def test_a_redo_before_an_error_loads_the_batch_again_and_a_redo_after_one_leave
     late_redo.failed(1, shmload.errors.RemoteError("CollateError", None, "shapes", ""))
     late_redo.failed(0, shmload.errors.RemoteError("KeyError", None, "early", ""))
     assert late_redo.finished and not late_redo.redo and late_redo.error[0] == 0
+
+
+def test_a_batch_loaded_again_whole_goes_to_a_worker_holding_no_later_batch():
+    """A worker loads its tasks in order: behind a later batch that waits for a larger
+    slot, the batch sent again (an earlier one, which the allocator serves first) would
+    never be loaded. So it goes to a worker holding no later batch, even a busier one."""
+    from types import SimpleNamespace
+
+    from shmload.spans import SplitBatches
+
+    dispatcher = Dispatcher(3, 8)
+    for wid, seqs in ((0, [9]), (1, [3, 4]), (2, [7])):
+        for seq in seqs:
+            dispatcher.assign(wid, (1, seq), InFlight(Task(1, 0, seq, [seq], None), None))
+    sent = []
+    workers = [SimpleNamespace(id=w) for w in range(3)]
+    session = SimpleNamespace(iteration=1, dispatcher=dispatcher, supervisor=SimpleNamespace(
+        live=lambda: workers, workers=workers, send=lambda wid, task: sent.append((wid, task.seq))))
+    split = SplitBatch(0, 5, list(range(8)), 2, {0: span(8, 2, 0, 1), 2: span(8, 2, 1, 2)}, slot=None)
+    SplitBatches(session)._send_whole(split)
+    assert sent == [(1, 5)]  # worker 1 holds two tasks, but both before batch 5
+    assert [e.task.seq for e in dispatcher.held_by(1)] == [3, 4, 5]
+
+
+def test_a_failure_to_size_the_ring_for_a_split_batch_loads_it_whole_and_loses_nothing(monkeypatch):
+    """The ring is sized by the first span's NeedSpace, while the session reads its
+    workers' messages: a shared-memory error there must not escape (it would lose the
+    messages read with it and leave the span's worker waiting). The batch is loaded
+    again whole, whose slot is asked for where growth may fail safely (here it then
+    succeeds)."""
+    from shmload.errors import SharedMemoryError
+    from shmload.ring import Ring
+
+    failures = []
+    grow = Ring.grow_capacity
+
+    def failing_once(self, *args, **kwargs):
+        if not failures:
+            failures.append(args)
+            raise SharedMemoryError("no space left in /dev/shm (injected)")
+        return grow(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ring, "grow_capacity", failing_once)
+    want = _batches(shmload.DataLoader(Augmented(24), batch_size=8, seed=1))
+    with shmload.DataLoader(Augmented(24), batch_size=8, num_workers=2, split_batches=True, seed=1,
+                            timeout=30) as loader:
+        got = _batches(loader)
+    assert failures and _equal(got, want)
 
 
 def test_a_note_is_kept_where_exceptions_have_no_add_note():
@@ -315,6 +366,33 @@ def test_a_sample_that_does_not_stack_in_a_span_raises_the_unsplit_error_naming_
         assert next(it)[0].shape == (8, 3)
         with pytest.raises(CollateError, match=re.escape(first_line)):
             next(it)
+
+
+class Ordered:
+    """Samples in an OrderedDict that carries an attribute: a batch copies sample 0's
+    container (as torch's default_collate does), attribute included."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        sample = collections.OrderedDict(x=np.full(3, i, np.float32), y=i)
+        sample.origin = f"sample {i}"
+        return sample
+
+
+def test_samples_in_a_copied_container_merge_and_keep_sample_zeros_container(monkeypatch):
+    sent_whole = []
+    original = shmload.spans.SplitBatches._send_whole
+    monkeypatch.setattr(shmload.spans.SplitBatches, "_send_whole",
+                        lambda self, split: (sent_whole.append(split.seq), original(self, split))[1])
+    want = list(shmload.DataLoader(Ordered(), batch_size=8))
+    with shmload.DataLoader(Ordered(), batch_size=8, num_workers=2, split_batches=True, timeout=30) as loader:
+        got = [(type(b), b.origin, b["x"].copy(), b["y"].copy()) for b in loader]
+    assert sent_whole == []  # merged, not loaded again whole
+    assert [(t, o) for t, o, _, _ in got] == [(collections.OrderedDict, "sample 0"), (collections.OrderedDict, "sample 8")]
+    assert [o for o in (b.origin for b in want)] == ["sample 0", "sample 8"]
+    assert all(np.array_equal(g[2], w["x"]) and np.array_equal(g[3], w["y"]) for g, w in zip(got, want))
 
 
 class Empty:
