@@ -249,21 +249,39 @@ class Stream:
         """Where the stream is after a draw: the draws made and the source's state (for a
         shuffled stream, the snapshot to resume from). After a draw that raised
         (``failed``), a state that cannot be had either is None."""
-        buf = self._buffer
+        if self._shuffled:
+            return self._shuffled_point(failed)
         try:
-            state = self.state()
-            if buf is not None and state is not None:
-                # (a copy: the snapshot is kept, and a source may change the dict it returned)
-                state = copy.deepcopy(state)
+            return StreamPoint(self._draws, self.state())
         except Exception:
             if not failed:
                 raise
             return StreamPoint(self._draws, None)
-        if self._shuffled and buf is None:  # the shuffled stream did not start: read it again from the start
+
+    # A shuffled stream keeps the source's state from a draw boundary only once at least
+    # _SPACING of its buffer's size was read since the last one kept: a resume then reads
+    # again at most that much more than the fewest possible, and the states kept (copies)
+    # are about _SPACING_PARTS * ln N, not one per draw (92,000 for unbatched draws
+    # through a buffer of 10,000). The start of the stream is always one of them.
+    _SPACING_PARTS = 16
+
+    def _shuffled_point(self, failed: bool) -> StreamPoint:
+        buf = self._buffer
+        if buf is None or not callable(getattr(self.source, "state_dict", None)):
+            # (did not start; or a source without a state: read again from the start)
             return StreamPoint(self._draws, None)
-        if buf is None or state is None:
-            return StreamPoint(self._draws, state)
-        self._snapshots.append(_Snapshot(self._draws, buf.emitted, buf.read, buf.end, state))
+        last = self._snapshots[-1]
+        if buf.read - last.read >= max(1, buf.size // self._SPACING_PARTS) or (buf.end is not None and last.end is None):
+            try:
+                # (a copy: the snapshot is kept, and a source may change the dict it returned)
+                state = copy.deepcopy(self.state())
+            except Exception:
+                if not failed:
+                    raise
+                return StreamPoint(self._draws, None)
+            if state is None:  # (a state_dict() that says nothing: as a source without one)
+                return StreamPoint(self._draws, None)
+            self._snapshots.append(_Snapshot(self._draws, buf.emitted, buf.read, buf.end, state))
         oldest = buf.oldest()
         while len(self._snapshots) > 1 and self._snapshots[1].read <= oldest:
             self._snapshots.popleft()

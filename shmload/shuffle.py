@@ -24,15 +24,17 @@ steps backwards, a block of picks at a time, until every slot was seen (about N�
 steps back); the draining steps after the source ended (at most N) are replayed.
 
 To resume, the stream (iterable.py) keeps the source's ``state_dict()`` from draw
-boundaries, and saves the newest one from before the oldest sample still in the buffer:
+boundaries (one each N/16 samples read: ``Stream._SPACING_PARTS``), and saves the newest
+one from before the oldest sample still in the buffer:
 every sample in the buffer was read after it. A resumed stream loads that state, makes a
 buffer of placeholders at the arrangement of that moment (:meth:`ShuffleBuffer.resumed`),
 and replays the draws since, reading the source again (each draw seeded as it was, so a
 source that draws from numpy's or Python's global RNG reads the same samples): the
 placeholders leave the buffer as those draws' samples, which are not delivered again,
 and the buffer holds exactly what it held when the state was saved. The price is
-reading again the samples since that state, about N·ln(N) plus a batch (docs/performance.md
-has figures); the saved state is a few ints and one state of the source.
+reading again the samples since that state, about N·ln(N) plus a batch and at most N/16
+more (docs/performance.md has figures); the saved state is a few ints and one state of
+the source.
 """
 
 from __future__ import annotations

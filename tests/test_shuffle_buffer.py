@@ -327,6 +327,25 @@ def test_the_saved_position_moves_forward_so_a_resume_reads_again_about_n_ln_n()
     assert 4 <= behind <= 4 * buffer * math.log(buffer) + 4, (behind, position)
 
 
+def test_the_states_a_stream_keeps_are_few_whatever_the_draws():
+    """Unbatched draws through a buffer of 1,000: the source's state is kept about every
+    1,000 / 16 samples read, not at every draw, so the copies kept stay near 16·ln N,
+    and the saved position is still at most that spacing behind the best one."""
+    import math
+
+    size = 1000
+    stream = Stream(StatefulWorkerStreams([20000]))
+    place = StreamPlace(0, 3, 0, 0, 1, StreamShuffle(size, 0))
+    key, most, point = object(), 0, None
+    for number in range(15000):
+        assert stream.draw(key, Draw(0, number, None, False), lambda n: None, place) is not None
+        point = stream.point()
+        most = max(most, len(stream._snapshots))
+    assert most <= 1.5 * 16 * math.log(size) + 2, most
+    buffer = stream._buffer
+    assert 0 < buffer.oldest() - point.state["read"] <= size // 16 + size * math.log(size), point.state
+
+
 @pytest.mark.parametrize("extra", [dict(batch_size=None), dict(batch_size=3, drop_last=True)])
 def test_unbatched_and_drop_last_streams_resume_exactly(extra):
     def make_loader(num_workers, seed):
