@@ -180,12 +180,14 @@ class _Snapshot(NamedTuple):
     end: int | None
     state: Any
 
-    def saved(self, buffer: int) -> dict:
+    def saved(self, buffer: int, at: int) -> dict:
+        """The position saved with a draw after which the buffer had made ``at`` steps:
+        resumed, the stream checks it made as many when it replayed that far."""
         return {"buffer": buffer, "draws": self.draws, "emitted": self.emitted, "read": self.read, "end": self.end,
-                "source": self.state}
+                "source": self.state, "at": at}
 
 
-_SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source")
+_SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source", "at")
 
 
 def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snapshot:
@@ -197,7 +199,7 @@ def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snaps
     if state["buffer"] != buffer:
         raise ValueError(f"the stream's state was saved with shuffle_buffer={state['buffer']}, but this loader has "
                          f"shuffle_buffer={buffer}: resume with the same buffer")
-    for key in ("draws", "emitted", "read", "end"):
+    for key in ("draws", "emitted", "read", "end", "at"):
         value = state[key]
         if not (value is None and key == "end") and (
                 isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
@@ -206,6 +208,9 @@ def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snaps
     if draws is not None and state["draws"] > draws:
         raise ValueError(f"the stream's state is at draw {state['draws']}, after the {draws} draws it says were "
                          "delivered")
+    if state["at"] < state["emitted"]:
+        raise ValueError(f"the stream's state has at={state['at']}, before the {state['emitted']} steps of its "
+                         "source's state")
     if state["read"] and state["end"] is None and state["source"] is None:
         raise ValueError("the stream's state has read samples but no state of the source to continue from")
     _shuffle.check_position(buffer, state["emitted"], state["read"], state["end"])
@@ -235,6 +240,7 @@ class Stream:
         # read before the oldest sample in the buffer (the one a point saves)
         self._snapshots: deque[_Snapshot] = deque()
         self._shuffled = False  # the epoch's stream reads through a buffer
+        self._replayed_to: tuple[int, int] | None = None  # (draws, steps) a resumed replay must reach alike
 
     @property
     def draws(self) -> int:
@@ -285,7 +291,7 @@ class Stream:
         oldest = buf.oldest()
         while len(self._snapshots) > 1 and self._snapshots[1].read <= oldest:
             self._snapshots.popleft()
-        return StreamPoint(self._draws, self._snapshots[0].saved(buf.size))
+        return StreamPoint(self._draws, self._snapshots[0].saved(buf.size, buf.emitted))
 
     def draw(self, epoch_key: Any, draw: Draw, seed: Callable[[int], None], place: StreamPlace | None = None) -> Any:
         """The samples of ``draw`` (a list, or one sample when unbatched), or None if the
@@ -307,6 +313,8 @@ class Stream:
                 self._take(draw)
             except Exception:
                 pass  # reported when the draw was first made
+            self._verify_replay(draw)
+        self._verify_replay(draw)
         if self._ended:  # (also if it ended while catching up: a stream read again may be shorter)
             self._draws = max(self._draws, draw.number) + 1
             return None
@@ -321,6 +329,26 @@ class Stream:
         seed(draw.number)
         return self._take(draw)
 
+    def _verify_replay(self, draw: Draw) -> None:
+        """A resumed shuffled stream, having replayed up to the draws its saved position
+        was taken after, must have made as many steps as then: else the source read
+        differently (an error it raised then and not now, another length), and every
+        later batch would be shifted without a word."""
+        if self._replayed_to is None:
+            return
+        draws, steps = self._replayed_to
+        if self._draws < draws and not self._ended:
+            return
+        self._replayed_to = None
+        made = self._buffer.emitted if self._buffer is not None else None
+        if self._draws != draws or made != steps:
+            raise RuntimeError(
+                f"{draw.describe()}: the iterable source {type(self.source).__name__} did not read the same samples "
+                f"again after load_state_dict(): replaying its stream to draw {draws} took {made} samples through "
+                f"the shuffle buffer where the saved run took {steps}"
+                + (" (the stream ended sooner)" if self._draws != draws else "")
+                + ". A shuffled stream resumes exactly only if the source reads the same, errors included")
+
     def _begin(self, epoch_key: Any, restore: StreamPoint | None, place: StreamPlace | None) -> None:
         """Start the epoch's iteration. If the source cannot start (its ``iter()`` or
         ``load_state_dict()`` raises), the error is this draw's and the stream is ended:
@@ -330,6 +358,7 @@ class Stream:
         self._snapshots.clear()
         self._ended = True
         self._draws = 0
+        self._replayed_to = None
         shuffle = place.shuffle if place is not None else None
         self._shuffled = shuffle is not None and shuffle.shuffles  # (a buffer of one is the stream's own order)
         if self._shuffled:
@@ -345,6 +374,7 @@ class Stream:
         snap = _Snapshot(0, 0, 0, None, None)  # the start of the stream
         if restore is not None and restore.state is not None:
             snap = loaded_snapshot(restore.state, size, restore.draws)
+            self._replayed_to = (restore.draws, restore.state["at"])
         key = _shuffle.stream_key(place.seed, place.epoch, place.rank, place.worker)
         if snap.end is not None:  # the source was read to its end: the buffer drains, touching nothing
             it: Iterator[Any] = iter(())

@@ -379,13 +379,66 @@ def test_a_buffer_that_was_not_refilled_is_an_error_not_a_placeholder():
     """A stream resumed at a position whose buffer the draws since do not empty (a state
     put together by hand) raises rather than deliver what it does not have."""
     stream = Stream(StatefulWorkerStreams([50]))
-    saved = {"buffer": 8, "draws": 3, "emitted": 12, "read": 20, "end": None, "source": {"pos": 20}}
+    saved = {"buffer": 8, "draws": 3, "emitted": 12, "read": 20, "end": None, "source": {"pos": 20}, "at": 12}
     place = StreamPlace(0, 1, 0, 0, 1, StreamShuffle(8, 0))
     draw = Draw(0, 3, 4, False, StreamPoint(3, saved))
     with pytest.raises(RuntimeError, match=r"draw 3 of worker 0's stream: the iterable source StatefulWorkerStreams "
                                            r"did not read the same samples again after load_state_dict\(\): 8 "
                                            r"sample\(s\)"):
         stream.draw(object(), draw, lambda n: None, place)
+
+
+class Flaky:
+    """A stateful iterator source of n samples that raises once at each position in
+    ``fail`` (the next read succeeds: a transient error, a network read retried)."""
+
+    def __init__(self, n, fail=()):
+        self.n, self.fail, self.pos, self.start = n, set(fail), 0, 0
+
+    def __iter__(self):
+        self.pos, self.start = self.start, 0
+        return self
+
+    def __next__(self):
+        if self.pos >= self.n:
+            raise StopIteration
+        k = self.pos
+        if k in self.fail:
+            self.fail.discard(k)
+            raise ValueError(f"transient error at {k}")
+        self.pos += 1
+        return np.full(2, k, np.int32), k
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.start = state["pos"]
+
+
+def test_a_replay_that_reads_differently_is_an_error_not_a_shifted_stream():
+    """The saved run met a transient error (its draw failed, having taken fewer samples);
+    the resumed one replays that draw without it. Every later batch would be shifted: the
+    resume raises instead, saying how many samples each took."""
+    loader = DataLoader(Flaky(200, fail={30}), batch_size=4, shuffle_buffer=8, seed=1)
+    it = iter(loader)
+    with pytest.raises(ValueError, match="transient error at 30"):
+        for _ in range(50):
+            next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1)
+    resumed.load_state_dict(state)
+    with pytest.raises(RuntimeError, match=r"did not read the same samples again after load_state_dict\(\): "
+                                           r"replaying its stream to draw \d+ took \d+ samples through the shuffle "
+                                           r"buffer where the saved run took \d+"):
+        next(iter(resumed))
+    # the same source without the error resumes exactly
+    clean = DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1)
+    _, state = run(clean, 1, stop_after=9)
+    again = DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1)
+    again.load_state_dict(state)
+    assert run(again, 1)[0] == run(DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1), 1)[0][9:]
 
 
 # ---------------------------------------------------------------- stream_parts
