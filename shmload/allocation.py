@@ -179,15 +179,17 @@ class SlotAllocator:
 
         This runs while the session reads its workers' messages, where an exception would
         lose the rest of them and leave the span's worker waiting for an answer: so a
-        failure to grow (a full ring, a full /dev/shm, no file descriptors left) is None
-        here too, and the batch loaded whole meets it again where growth is safe to
-        raise from (``Session._serve``), and raises it there if waiting cannot help."""
+        failure to make a segment (a full ring, a full /dev/shm) is None here too, and the
+        batch loaded whole meets it again where growth is safe to raise from
+        (``Session._serve``), and raises it there if waiting cannot help. Not other
+        errors: one while the workers are told of a new segment (no descriptor left to
+        send it) leaves slots some worker cannot write, and must not be hidden."""
         error = self._error
         try:
             if not self.ring.slot_bytes:
                 self.ring.grow_capacity(nbytes, count=1)
             return self._larger_slot(nbytes)
-        except (SharedMemoryError, OSError):
+        except SharedMemoryError:
             return None
         finally:
             self._error = error  # (its failure is not for raise_if_stuck to raise)

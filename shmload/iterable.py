@@ -187,7 +187,7 @@ class _Snapshot(NamedTuple):
                 "source": self.state, "at": at}
 
 
-_SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source", "at")
+_SNAPSHOT_KEYS = ("buffer", "draws", "emitted", "read", "end", "source")  # and "at", where saved
 
 
 def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snapshot:
@@ -200,6 +200,8 @@ def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snaps
         raise ValueError(f"the stream's state was saved with shuffle_buffer={state['buffer']}, but this loader has "
                          f"shuffle_buffer={buffer}: resume with the same buffer")
     for key in ("draws", "emitted", "read", "end", "at"):
+        if key not in state:  # ("at": absent from positions saved before it was; then not checked)
+            continue
         value = state[key]
         if not (value is None and key == "end") and (
                 isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
@@ -208,7 +210,7 @@ def loaded_snapshot(state: Any, buffer: int, draws: int | None = None) -> _Snaps
     if draws is not None and state["draws"] > draws:
         raise ValueError(f"the stream's state is at draw {state['draws']}, after the {draws} draws it says were "
                          "delivered")
-    if state["at"] < state["emitted"]:
+    if state.get("at") is not None and state["at"] < state["emitted"]:
         raise ValueError(f"the stream's state has at={state['at']}, before the {state['emitted']} steps of its "
                          "source's state")
     if state["read"] and state["end"] is None and state["source"] is None:
@@ -241,6 +243,7 @@ class Stream:
         self._snapshots: deque[_Snapshot] = deque()
         self._shuffled = False  # the epoch's stream reads through a buffer
         self._replayed_to: tuple[int, int] | None = None  # (draws, steps) a resumed replay must reach alike
+        self._replay_error: str | None = None  # the replay did not: every later draw of the epoch raises it
 
     @property
     def draws(self) -> int:
@@ -334,20 +337,23 @@ class Stream:
         was taken after, must have made as many steps as then: else the source read
         differently (an error it raised then and not now, another length), and every
         later batch would be shifted without a word."""
-        if self._replayed_to is None:
+        if self._replay_error is not None:  # (every later draw of the epoch would be shifted too)
+            raise RuntimeError(f"{draw.describe()}: {self._replay_error}")
+        if self._replayed_to is None or self._buffer is None:
             return
         draws, steps = self._replayed_to
         if self._draws < draws and not self._ended:
             return
         self._replayed_to = None
-        made = self._buffer.emitted if self._buffer is not None else None
+        made = self._buffer.emitted
         if self._draws != draws or made != steps:
-            raise RuntimeError(
-                f"{draw.describe()}: the iterable source {type(self.source).__name__} did not read the same samples "
-                f"again after load_state_dict(): replaying its stream to draw {draws} took {made} samples through "
-                f"the shuffle buffer where the saved run took {steps}"
-                + (" (the stream ended sooner)" if self._draws != draws else "")
+            self._replay_error = (
+                f"the iterable source {type(self.source).__name__} did not read the same samples again after "
+                f"load_state_dict(): replaying its stream to draw {draws} took {made} samples through the shuffle "
+                f"buffer where the saved run took {steps}" + (" (the stream ended sooner)" if self._draws != draws
+                                                             else "")
                 + ". A shuffled stream resumes exactly only if the source reads the same, errors included")
+            raise RuntimeError(f"{draw.describe()}: {self._replay_error}")
 
     def _begin(self, epoch_key: Any, restore: StreamPoint | None, place: StreamPlace | None) -> None:
         """Start the epoch's iteration. If the source cannot start (its ``iter()`` or
@@ -358,7 +364,7 @@ class Stream:
         self._snapshots.clear()
         self._ended = True
         self._draws = 0
-        self._replayed_to = None
+        self._replayed_to = self._replay_error = None
         shuffle = place.shuffle if place is not None else None
         self._shuffled = shuffle is not None and shuffle.shuffles  # (a buffer of one is the stream's own order)
         if self._shuffled:
@@ -374,7 +380,6 @@ class Stream:
         snap = _Snapshot(0, 0, 0, None, None)  # the start of the stream
         if restore is not None and restore.state is not None:
             snap = loaded_snapshot(restore.state, size, restore.draws)
-            self._replayed_to = (restore.draws, restore.state["at"])
         key = _shuffle.stream_key(place.seed, place.epoch, place.rank, place.worker)
         if snap.end is not None:  # the source was read to its end: the buffer drains, touching nothing
             it: Iterator[Any] = iter(())
@@ -389,6 +394,9 @@ class Stream:
         self._draws = snap.draws
         self._snapshots.append(snap)
         self._it = self._buffer
+        if restore is not None and restore.state is not None and restore.state.get("at") is not None:
+            # (only once the stream started: a start that raised is that draw's error, and no replay)
+            self._replayed_to = (restore.draws, restore.state["at"])
 
     def _take(self, draw: Draw) -> Any:
         self._draws += 1

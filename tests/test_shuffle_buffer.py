@@ -432,13 +432,39 @@ def test_a_replay_that_reads_differently_is_an_error_not_a_shifted_stream():
     with pytest.raises(RuntimeError, match=r"did not read the same samples again after load_state_dict\(\): "
                                            r"replaying its stream to draw \d+ took \d+ samples through the shuffle "
                                            r"buffer where the saved run took \d+"):
-        next(iter(resumed))
+        it = iter(resumed)
+        next(it)
+    with pytest.raises(RuntimeError, match=r"did not read the same samples again"):
+        next(it)  # and every later batch of that stream: they would be shifted
+    del it
     # the same source without the error resumes exactly
     clean = DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1)
     _, state = run(clean, 1, stop_after=9)
     again = DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1)
     again.load_state_dict(state)
     assert run(again, 1)[0] == run(DataLoader(Flaky(200), batch_size=4, shuffle_buffer=8, seed=1), 1)[0][9:]
+
+
+class Unreachable(StatefulWorkerStreams):
+    """Its load_state_dict() fails (a shard that cannot be reached)."""
+
+    def load_state_dict(self, state):
+        raise OSError("shard not reachable")
+
+
+def test_a_resumed_stream_that_cannot_start_fails_that_draw_and_then_ends():
+    """The start's error is the draw's; the stream is then ended (no replay was made, so
+    nothing to find wrong with one)."""
+    place = StreamPlace(0, 3, 0, 0, 1, StreamShuffle(16, 0))
+    stream, key, point = Stream(StatefulWorkerStreams([400])), object(), None
+    for number in range(30):
+        stream.draw(key, Draw(0, number, 4, False), lambda n: None, place)
+        point = stream.point()
+    assert point.state["read"] > 0
+    resumed, key = Stream(Unreachable([400])), object()
+    with pytest.raises(OSError, match="shard not reachable"):
+        resumed.draw(key, Draw(0, 30, 4, False, point), lambda n: None, place)
+    assert resumed.draw(key, Draw(0, 31, 4, False), lambda n: None, place) is None
 
 
 # ---------------------------------------------------------------- stream_parts
