@@ -105,9 +105,7 @@ def check_stream_options(shuffle: Any, sampler: Any, batch_sampler: Any, shuffle
     """An iterable source is read in its own order unless a shuffle buffer (of more than
     one sample) is given: as torch, refuse the options that order a map-style dataset;
     ``shuffle=True`` is taken together with such a buffer, and ``shuffle=False``
-    contradicts one."""
-    if shuffle not in (None, False, True):
-        raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
+    contradicts one. (Other values of ``shuffle`` are config.check_arguments' to refuse.)"""
     shuffles = shuffle_buffer is not None and shuffle_buffer > 1
     if shuffle is False and shuffles:
         raise ValueError(f"DataLoader with an iterable source: shuffle=False contradicts shuffle_buffer="
@@ -387,10 +385,7 @@ class Stream:
             if snap.read:
                 self.source.load_state_dict(snap.state)
             it = iter(self.source)
-        if snap.read or snap.emitted:
-            self._buffer = ShuffleBuffer.resumed(it, size, key, snap.emitted, snap.read, snap.end)
-        else:
-            self._buffer = ShuffleBuffer(it, size, key)
+        self._buffer = ShuffleBuffer.resumed(it, size, key, snap.emitted, snap.read, snap.end)  # (empty at the start)
         self._draws = snap.draws
         self._snapshots.append(snap)
         self._it = self._buffer

@@ -64,9 +64,10 @@ class DataLoader:
         check_shuffle_buffer(shuffle_buffer, iterable)
         if iterable:
             check_stream_options(shuffle, sampler, batch_sampler, shuffle_buffer)
-            shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
         batch_size, drop_last = check_arguments(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                                                 prefetch_factor, seed, generator, multiprocessing_context, distributed)
+        if iterable:
+            shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
 
         self.seed = int(seed) if seed is not None else seeding.draw_base_seed(generator)
         self._seed_given = seed is not None or generator is not None  # the same on every rank, presumably
@@ -361,10 +362,7 @@ class DataLoader:
         else:
             self._sync_distributed()
             saved_parts_seed = state.get("parts_seed")
-            shuffle = self._stream_shuffle()
-            if saved_parts_seed is not None:
-                shuffle = shuffle._replace(parts_seed=saved_parts_seed)
-            _resume.check_shuffling(state, shuffle)
+            _resume.check_shuffling(state, self._stream_shuffle())
             if any(s["state"] is not None for s in state["streams"]):
                 _resume.check_resumable(self._source, "iterable source")
             if saved_parts_seed is not None and saved_parts_seed != self._parts_seed:

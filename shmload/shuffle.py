@@ -76,8 +76,7 @@ def arrangement(size: int, key: tuple[int, ...], emitted: int, read: int, end: i
     check_position(size, emitted, read, end)
     if emitted == 0:  # still filling (a fill the source interrupted with an exception)
         return list(range(read))
-    full = size if end is None else min(size, end)
-    refills = emitted if end is None else min(emitted, max(end - size, 0))
+    full, refills = _phases(size, emitted, end)
     positions = _refilled(size, key, refills) if refills else list(range(full))
     picks: dict[int, list[int]] = {}
     for t in range(refills, emitted):  # draining: the moves of ShuffleBuffer._drain
@@ -100,11 +99,17 @@ def check_position(size: int, emitted: int, read: int, end: int | None) -> None:
         if read > size:
             raise ValueError(f"a shuffle buffer of {size} that emitted nothing cannot have read {read} samples")
         return
-    full = size if end is None else min(size, end)
-    refills = emitted if end is None else min(emitted, max(end - size, 0))
+    full, refills = _phases(size, emitted, end)
     if read != full + refills or (end is not None and emitted > end):
         raise ValueError(f"a shuffle buffer of {size} after {emitted} steps has read {full + refills} samples, "
                          f"not {read}" + ("" if end is None else f" (source of {end} samples)"))
+
+
+def _phases(size: int, emitted: int, end: int | None) -> tuple[int, int]:
+    """(samples the first fill holds, steps of the ``emitted`` that read a sample): the
+    steps after those drained the buffer (the source had ended)."""
+    full = size if end is None else min(size, end)
+    return full, (emitted if end is None else min(emitted, max(end - size, 0)))
 
 
 def _refilled(size: int, key: tuple[int, ...], steps: int) -> list[int]:
