@@ -81,3 +81,32 @@ def test_the_pinned_benchmark_says_why_it_measures_nothing_without_cuda():
     assert done.returncode == 0, done.stderr
     assert re.match(r"benchmarks\.pinned: skipped, nothing measured: (torch is not installed|CUDA is not available)",
                     done.stdout)
+
+
+def test_an_epochs_checks_run_after_its_clocks_stop(monkeypatch):
+    """The checks (np.unique over every label: ~45 ms for a tiny epoch) are the benchmark's
+    own work, not the loader's: inside the clocks they were a third of a tiny epoch."""
+    import time
+
+    import numpy as np
+
+    from benchmarks import measure, peers
+
+    events = []
+    summary = measure.Tally.summary
+    monkeypatch.setattr(measure.Tally, "summary", lambda self, *a: events.append("checks") or summary(self, *a))
+
+    class Clocks:  # measure's `time`, noting each reading
+        def __getattr__(self, name):
+            def read():
+                events.append("clock")
+                return getattr(time, name)()
+            return read
+
+    monkeypatch.setattr(measure, "time", Clocks())
+    batches = [(np.zeros((2, 3), np.float32), np.array([0, 1])), (np.ones((2, 3), np.float32), np.array([2, 3]))]
+    harness = peers.Harness(lambda: iter(batches), lambda: None, "two fixed batches")
+    out = measure.timed_epoch(harness, None, (4, True))
+    assert out["batches"] == 2 and out["duplicates"] == 0 and out["missing"] == 0 and out["seconds"] >= 0
+    last_clock = max(i for i, e in enumerate(events) if e == "clock")
+    assert events.index("checks") > last_clock, events
