@@ -160,6 +160,12 @@ class StackPlans:
         cached = self._cached.get(n)
         return None if cached is None else cached.nbytes // max(1, n)
 
+    def holds(self, layout: Layout) -> bool:
+        """Is ``layout`` a cached plan's own (whole) layout? Then later batches of that
+        structure have this very object as their layout (the worker keeps its slot
+        views for it: worker.SlotViews)."""
+        return any(cached.layout is layout for cached in self._cached.values())
+
     @staticmethod
     def _from_cache(cached: _Cached, columns: list, samples: Sequence[Any], indices: Any) -> Plan:
         layout = cached.layout
@@ -227,10 +233,18 @@ def _transpose(node: Any, values: list, batcher: Batcher) -> bool:
         batcher.columns[node.id] = values
         return ok
     if type(node) is Seq:
-        n = len(values)
-        if countOf(map(type, values), node.cls) != n or countOf(map(len, values), len(node.children)) != n:
+        if countOf(map(type, values), node.cls) != len(values):
             return False
-        return all(_transpose(child, list(column), batcher) for child, column in zip(node.children, zip(*values)))
+        try:  # strict: samples of different lengths raise instead of being cut to the shortest
+            columns = list(zip(*values, strict=True))
+        except ValueError:
+            return False
+        if len(columns) != len(node.children):  # (every sample has len(columns) fields)
+            return False
+        for child, column in zip(node.children, columns):
+            if not _transpose(child, list(column), batcher):
+                return False
+        return True
     if set(map(type, values)) != {node.cls or dict}:
         return False
     keys = set(node.keys)

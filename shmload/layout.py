@@ -155,6 +155,44 @@ def slot_destination(slot: np.ndarray) -> Callable[[ArraySpec], np.ndarray]:
     return view
 
 
+class SlotViews:
+    """A worker's views into its slots, kept for layouts that recur.
+
+    Making a leaf's view (slice, dtype view, reshape) costs about 2 us of numpy calls per
+    leaf, and in steady state a worker writes batches of one layout into the same ring
+    slots again and again. So the views of a (slot, layout) pair are made once and
+    reused. Only layouts the caller says ``recur`` are kept (the cached plans' own
+    objects, NOTE [ The cached plan ] in collate.py: shared by every batch of their
+    structure, and holding no batch's values); any other layout gets fresh views. At most
+    one layout is kept per slot. The views export the segment's mapping, which then
+    cannot be closed: :meth:`forget` a segment before unmapping it."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, int], tuple[Layout, dict[int, np.ndarray]]] = {}
+
+    def destination(self, slot: Any, mapping: np.ndarray, layout: Layout,
+                    recur: bool) -> Callable[[ArraySpec], np.ndarray]:
+        """Where each array leaf of ``layout`` goes in ``slot`` (a ``messages.SlotRef``:
+        segment, offset, capacity) of the segment mapped as ``mapping`` (uint8)."""
+        key = (slot.segment, slot.offset)
+        entry = self._kept.get(key)
+        if entry is None or entry[0] is not layout:
+            view = slot_destination(mapping[slot.offset:slot.offset + slot.capacity])
+            if not recur:
+                return view
+            entry = self._kept[key] = (layout, {id(spec): view(spec) for spec in layout.leaves
+                                               if type(spec) is ArraySpec})
+        views = entry[1]  # keyed by id: the specs are the kept layout's own objects
+        return lambda spec: views[id(spec)]
+
+    def forget(self, segment: int | None = None) -> None:
+        """Drop the views into ``segment`` (every segment if None)."""
+        if segment is None:
+            self._kept.clear()
+        else:
+            for key in [k for k in self._kept if k[0] == segment]:
+                del self._kept[key]
+
 
 def widened(layout: Layout, rows: int) -> Layout:
     """The layout of a whole batch of ``rows`` rows, from the layout of a span of its rows

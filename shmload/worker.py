@@ -38,7 +38,7 @@ from . import rowwise, seeding, wire
 from .batcher import Plan
 from .collate import StackPlans, write
 from .errors import RemoteError, WorkerError
-from .layout import slot_destination, span_destination, widened
+from .layout import SlotViews, span_destination, widened
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .profiler import counters
 from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
@@ -134,6 +134,7 @@ class _WorkerLoop:
     def __init__(self, args: WorkerArgs):
         self.args = args
         self.segments: dict[int, AttachedSegment] = {}
+        self.views = SlotViews()  # kept views into the slots (layout.py), forgotten before a segment closes
         self.backlog: deque[Any] = deque()  # messages read while waiting for a Reassign
         self.user: UserCode | None = None
         self.layout_ids = wire.LayoutIds()  # the layouts the main process has (see done())
@@ -206,6 +207,7 @@ class _WorkerLoop:
             fd = self.recv_fd()
             self.segments[msg.segment] = AttachedSegment(fd, msg.size)
         elif type(msg) is Detach:
+            self.views.forget(msg.segment)
             self.segments.pop(msg.segment).close()
         elif type(msg) is AttachBoard:
             self.board = AttachedSegment(self.recv_fd(), msg.size)
@@ -303,10 +305,12 @@ class _WorkerLoop:
         if slot is None:
             return  # its epoch was abandoned
         self.timer.to_other()
-        slot_view = self.slot_array(slot)
         try:
-            write(plan, slot_destination(slot_view) if span is None else
-                  span_destination(slot_view, plan.layout, layout, span.start, span.stop))
+            if span is None:
+                recur = self.source.plans is not None and self.source.plans.holds(layout)
+                write(plan, self.views.destination(slot, self.segments[slot.segment].array, layout, recur))
+            else:
+                write(plan, span_destination(self.slot_array(slot), plan.layout, layout, span.start, span.stop))
         except Exception as exc:
             self.timer.to_collate()
             self.fail(task, exc, point)
@@ -343,6 +347,7 @@ class _WorkerLoop:
         self.send(Failed(task.iteration, task.seq, error, point))
 
     def close(self) -> None:
+        self.views.forget()
         for seg in self.segments.values():
             _close_mapping(seg)
         self.segments.clear()

@@ -206,3 +206,67 @@ def test_common_batches_take_the_fast_path_and_unusual_ones_the_reference(monkey
         took_slow_path[name] = bool(calls)
     assert [n for n, slow_ in took_slow_path.items() if slow_] == ["numpy scalars (slow path)",
                                                                   "tuple subclass (slow path)"]
+
+
+# ---------------------------------------------------------------- a worker's kept slot views
+class _Ref(NamedTuple):  # what SlotViews reads of a messages.SlotRef
+    segment: int
+    offset: int
+    capacity: int
+
+
+def _tiny_batch(start):
+    return [(np.arange(4, dtype=np.float32) + i, i) for i in range(start, start + 8)]
+
+
+def test_slot_views_are_kept_for_a_recurring_layout_and_write_the_same_bytes():
+    plans = C.StackPlans()
+    plan = plans.plan(_tiny_batch(0), None)
+    mapping = np.zeros(4 * 4096, np.uint8)
+    views, ref = L.SlotViews(), _Ref(0, 4096, 4096)
+    first = views.destination(ref, mapping, plan.layout, recur=True)
+    arrays = [first(spec) for spec in plan.layout.leaves]
+    again = views.destination(ref, mapping, plan.layout, recur=True)
+    assert all(a is b for a, b in zip(arrays, (again(spec) for spec in plan.layout.leaves)))
+    for start in (0, 8, 16):  # later batches of the structure, through the kept views
+        plan = plans.plan(_tiny_batch(start), None)
+        C.write(plan, views.destination(ref, mapping, plan.layout, plans.holds(plan.layout)))
+        batch = L.build(plan.layout, L.slot_destination(mapping[4096:8192]))
+        assert batch[0].tolist() == [[i + j for j in range(4)] for i in range(start, start + 8)]
+        assert batch[1].tolist() == list(range(start, start + 8))
+    assert not mapping[:4096].any() and not mapping[8192:].any()  # nothing outside the slot
+
+
+def test_slot_views_of_another_layout_or_slot_are_made_afresh():
+    plans = C.StackPlans()
+    plan = plans.plan(_tiny_batch(0), None)
+    mapping = np.zeros(3 * 4096, np.uint8)
+    views = L.SlotViews()
+    a = views.destination(_Ref(0, 0, 4096), mapping, plan.layout, True)(plan.layout.leaves[0])
+    b = views.destination(_Ref(0, 4096, 4096), mapping, plan.layout, True)(plan.layout.leaves[0])
+    assert a is not b and b.ctypes.data - a.ctypes.data == 4096
+    other = C.plan_stack([(np.zeros(6, np.float64), i) for i in range(8)], None)
+    c = views.destination(_Ref(0, 0, 4096), mapping, other.layout, True)(other.layout.leaves[0])
+    assert c.dtype == np.float64 and c.shape == (8, 6)
+    fresh = views.destination(_Ref(0, 0, 4096), mapping, plan.layout, False)  # not kept: made each time
+    assert fresh(plan.layout.leaves[0]) is not fresh(plan.layout.leaves[0])
+
+
+def test_forgetting_a_segment_lets_its_mapping_close():
+    import mmap
+    plans = C.StackPlans()
+    plan = plans.plan(_tiny_batch(0), None)
+    views = L.SlotViews()
+    mm = [mmap.mmap(-1, 8192) for _ in range(2)]
+    arrays = [np.frombuffer(m, np.uint8) for m in mm]
+    for seg in (0, 1):
+        views.destination(_Ref(seg, 0, 4096), arrays[seg], plan.layout, True)
+    del arrays
+    with pytest.raises(BufferError):  # the kept views export the mapping
+        mm[0].close()
+    views.forget(0)
+    mm[0].close()
+    with pytest.raises(BufferError):
+        mm[1].close()
+    views.forget()
+    mm[1].close()

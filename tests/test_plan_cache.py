@@ -69,6 +69,8 @@ BAD = {
     "2-d row of the same bytes": lambda s: s.__setitem__(5, (np.zeros((8, 1), np.float32), 5)),
     "dtype of the same size": lambda s: s.__setitem__(5, (np.zeros(8, np.int32), 5)),
     "structure": lambda s: s.__setitem__(5, (np.zeros(8, np.float32),)),
+    "longer structure": lambda s: s.__setitem__(5, (np.zeros(8, np.float32), 5, 6)),
+    "every sample longer": lambda s: s.__setitem__(slice(None), [(a, i, i) for a, i in s]),
     "container": lambda s: s.__setitem__(5, [np.zeros(8, np.float32), 5]),
     "label type": lambda s: s.__setitem__(5, (np.zeros(8, np.float32), "5")),
     "int beyond int64": lambda s: s.__setitem__(5, (np.zeros(8, np.float32), 2**70)),
@@ -97,6 +99,15 @@ def test_a_batch_the_cache_declines_fails_or_succeeds_exactly_as_from_scratch(ba
         assert "dataset index 21" in got[1] or str(2**70) in got[1]  # names the sample, or the value
     else:
         assert same_batch(got[1], want[1])
+
+
+def test_holds_names_only_a_cached_plans_own_layout():
+    plans = StackPlans()
+    first = plans.plan(rows(16), None)
+    assert plans.holds(first.layout)
+    assert not plans.holds(plan_stack(rows(16), None).layout)  # an equal layout, another object
+    named = plans.plan([(np.zeros(2), f"s{i}") for i in range(4)], None)  # an object leaf: built per batch
+    assert not plans.holds(named.layout)
 
 
 def test_promotion_is_never_cached_and_still_promotes():
