@@ -32,16 +32,19 @@ def test_views_share_one_slot_and_stay_valid_after_the_loader_is_closed():
     assert image[3, 0, 0, 0] == 3 and label.tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("prefetch_factor, depth", [(2, 2), (None, 16)])  # None: small batches go deep
+@pytest.mark.parametrize("prefetch_factor, depth", [(2, 2), (None, 64)])  # None: small batches go deep
 def test_a_for_loop_reuses_the_ring_without_growing_it(prefetch_factor, depth):
-    loader = DataLoader(ImageDataset(200, shape=(1024,)), batch_size=4, num_workers=2, persistent_workers=True,
+    # 500 batches of ~4 KiB: more than the 2 * 64 in flight at the automatic depth
+    loader = DataLoader(ImageDataset(2000, shape=(1024,)), batch_size=4, num_workers=2, persistent_workers=True,
                         prefetch_factor=prefetch_factor)
     with loader:
         for batch in loader:
             assert batch["image"][:, 0].tolist() == (batch["label"] % 256).tolist()
-        ring = loader._sessions.persistent.ring
+        session = loader._sessions.persistent
+        assert session.dispatcher.per_worker == depth
         # 2 * depth batches in flight + the one the loop holds; the target allows one more held
-        assert ring.num_slots in (2 * depth + 1, 2 * depth + 2) and ring.nbytes == ring.num_slots * ring.slot_bytes
+        slots, nbytes, slot_bytes = session.ring.num_slots, session.ring.nbytes, session.ring.slot_bytes
+    assert slots in (2 * depth + 1, 2 * depth + 2) and nbytes == slots * slot_bytes
 
 
 def test_a_derived_view_keeps_the_slot_held():

@@ -111,8 +111,8 @@ def test_automatic_prefetch_goes_deep_only_for_small_batches():
     assert prefetch_depth(None, 10 * MIB, 2, GIB) == 2  # images: as torch
     assert prefetch_depth(None, 600 * KIB, 2, GIB) == 2
     assert prefetch_depth(None, 256 * KIB, 2, GIB) == 4  # about 1 MiB per worker
-    assert prefetch_depth(None, 36 * KIB, 2, GIB) == 16  # tiny rows: capped
-    assert prefetch_depth(None, 4 * KIB, 8, GIB) == 16
+    assert prefetch_depth(None, 36 * KIB, 2, GIB) == 28  # tiny rows: 1 MiB per worker
+    assert prefetch_depth(None, 4 * KIB, 8, GIB) == 64  # capped
 
 
 def test_automatic_prefetch_leaves_a_tight_bound_for_the_ring_to_grow_into():
