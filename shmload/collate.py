@@ -135,6 +135,7 @@ class StackPlans:
 
     def __init__(self) -> None:
         self._cached: dict[int, _Cached] = {}
+        self._whole: dict[int, Layout] = {}  # id -> the cached plans' own layouts (see holds())
 
     def plan(self, samples: Sequence[Any], indices: Sequence[int] | None) -> Plan:
         n = len(samples)
@@ -148,10 +149,16 @@ class StackPlans:
             batcher, structure = made
             if len(self._cached) >= self.KEPT:
                 self._cached.clear()
+                self._whole.clear()
             leaves = tuple(None if type(leaf) is ObjectValue else leaf for leaf in plan.layout.leaves)
             whole = plan.layout if None not in leaves else None
             in_seq = tuple(kind[0] == "object" and kind[1] for kind in batcher.kinds)
+            old = self._cached.get(n)
+            if old is not None and old.layout is not None:
+                del self._whole[id(old.layout)]
             self._cached[n] = _Cached(structure, list(batcher.kinds), leaves, whole, in_seq, plan.layout.nbytes)
+            if whole is not None:
+                self._whole[id(whole)] = whole
         return plan
 
     def sample_bytes(self, n: int) -> int | None:
@@ -164,7 +171,7 @@ class StackPlans:
         """Is ``layout`` a cached plan's own (whole) layout? Then later batches of that
         structure have this very object as their layout (the worker keeps its slot
         views for it: worker.SlotViews)."""
-        return any(cached.layout is layout for cached in self._cached.values())
+        return self._whole.get(id(layout)) is layout
 
     @staticmethod
     def _from_cache(cached: _Cached, columns: list, samples: Sequence[Any], indices: Any) -> Plan:

@@ -268,7 +268,9 @@ class Area(NamedTuple):
     completion_bytes: int
 
 
-TASK_BYTES = 128 * 1024  # per worker: 16 tasks of 1,024 indices each with room to spare
+TASK_BYTES = 128 * 1024  # per worker: 16 tasks of 1,024 indices each with room to spare; more tasks than
+# fit (an automatic depth up to 64 for tiny batches: dispatch.py) wait in the main process's overflow
+# (Supervisor._push), in order, and leave as the worker frees room
 COMPLETION_BYTES = 64 * 1024
 
 

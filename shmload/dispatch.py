@@ -9,6 +9,7 @@ in flight, so a failure can name the indices a worker was holding.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -17,13 +18,20 @@ from .messages import Indices, Task
 DEFAULT_PREFETCH = 2  # torch's default prefetch_factor
 AUTO_PREFETCH_BYTES = 1 << 20  # per worker, for prefetch_factor=None
 MAX_AUTO_PREFETCH = 64
+# An automatic depth queues at most about this much of a worker's work, once its pace is
+# measured: enough to outlast a few scheduler slices (below), while batches that are small
+# but slow to load (a tokenizer, a remote read) stay at torch's depth, so that a ``break``
+# leaves little queued work behind it (a persistent worker still loads what it holds).
+DEPTH_SECONDS = 0.02
 
 
-def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: int, max_bytes: int) -> int:
+def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: int, max_bytes: int,
+                   batch_seconds: float | None = None) -> int:
     """Tasks each worker may hold: ``prefetch_factor`` when given; with None (the default),
     2 for large batches and deeper for small ones, up to about 1 MiB a worker and a
     quarter of the ring's bound ``max_bytes`` for all workers (a tight /dev/shm is better
-    left for the ring to grow into).
+    left for the ring to grow into), and once ``batch_seconds`` (a worker's measured time
+    per batch) is known, at most :data:`DEPTH_SECONDS` of work.
 
     Why deeper: each hand-off between a worker and the main process costs context
     switches (tens of microseconds here, and colder caches after), which a small batch
@@ -44,7 +52,10 @@ def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: in
     if not slot_bytes:
         return DEFAULT_PREFETCH
     budget = min(AUTO_PREFETCH_BYTES, max_bytes // (4 * max(1, num_workers)))
-    return max(DEFAULT_PREFETCH, min(MAX_AUTO_PREFETCH, budget // slot_bytes))
+    depth = min(MAX_AUTO_PREFETCH, budget // slot_bytes)
+    if batch_seconds:
+        depth = min(depth, math.ceil(DEPTH_SECONDS / batch_seconds))
+    return max(DEFAULT_PREFETCH, depth)
 
 
 class InFlight(NamedTuple):
@@ -65,6 +76,7 @@ class Dispatcher:
         # When each worker's current task began, as far as this process knows: when its
         # previous one ended, or when it was sent one while it held none (parts.tail_wait).
         self.busy_since: list[float | None] = [None] * num_workers
+        self.completed = 0  # tasks that came back, ever (when to measure the pace again: Session)
 
     @property
     def num_workers(self) -> int:
@@ -102,6 +114,7 @@ class Dispatcher:
         tasks[key] = task
 
     def complete(self, wid: int, key: tuple[int, int]) -> InFlight:
+        self.completed += 1
         task = self._tasks[wid].pop(key)
         self.without_slot -= task.slot is None
         self.busy_since[wid] = time.monotonic() if self._tasks[wid] else None

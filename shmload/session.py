@@ -30,7 +30,7 @@ from . import _platform, lifetime, wire
 from .profiler import counters
 from .config import LoaderConfig
 from .allocation import SlotAllocator
-from .dispatch import Dispatcher, InFlight, prefetch_depth
+from .dispatch import DEFAULT_PREFETCH, Dispatcher, InFlight, prefetch_depth
 from .layout import LayoutCache
 from .errors import (ShmloadError, ShmloadWarning, WorkerError, WorkerStartupError, death_error, describe_load,
                      format_bytes, restart_message, starting_steps)
@@ -79,6 +79,7 @@ class Session:
         self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._target_slots, bound, bound_source=source,
                          on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
+        self._retune_at = 4 * cfg.num_workers  # completions after which the depth is retuned (_retune)
         self.allocator = SlotAllocator(self.ring, self.dispatcher)
         self._board_segment: Segment | None = None
         self.board = None
@@ -124,7 +125,27 @@ class Session:
         return self.cfg.num_workers * self._depth(slot_bytes) + 2
 
     def _depth(self, slot_bytes: int) -> int:
+        """The depth by bytes alone: what the ring is sized for (an upper bound, so that a
+        depth retuned by pace never needs a larger ring)."""
         return prefetch_depth(self.cfg.prefetch_factor, slot_bytes, self.cfg.num_workers, self.ring.max_bytes)
+
+    def _retune(self) -> None:
+        """The automatic depth again, with the workers' pace as measured so far (the
+        profiler's counters; ``dispatch.DEPTH_SECONDS``): torch's 2 until a batch has been
+        measured, so that small batches slow to load never queue deep. At the ring's
+        sizing, at every iteration, and after 4, 16, 64... times ``num_workers`` batches
+        have come back."""
+        done = self.dispatcher.completed
+        while self._retune_at <= done:
+            self._retune_at *= 4
+        if self.cfg.prefetch_factor is not None or not self.ring.slot_bytes:
+            return
+        busy = self._busy()
+        if busy is None or not busy[1]:
+            self.dispatcher.per_worker = DEFAULT_PREFETCH
+            return
+        self.dispatcher.per_worker = prefetch_depth(None, self.ring.slot_bytes, self.cfg.num_workers,
+                                                    self.ring.max_bytes, busy[0] / busy[1])
 
     @property
     def outstanding(self) -> int:
@@ -136,13 +157,18 @@ class Session:
     def seconds_per_sample(self) -> float | None:
         """The workers' mean time per sample so far (the profiler's counters: loading,
         not waiting); None before any sample."""
+        busy = self._busy()
+        return busy[0] / busy[2] if busy is not None and busy[2] else None
+
+    def _busy(self) -> tuple[float, int, int] | None:
+        """The workers' seconds loading (not waiting), batches and samples so far, from the
+        profiler's counters; None without them."""
         if self.board is None:
             return None
         t = counters.totals(self.board)
         f = {name: i for i, name in enumerate(counters.FIELDS)}
-        samples = t[:, f["samples"]].sum()
         busy = t[:, f["fetch"]].sum() + t[:, f["collate"]].sum() + t[:, f["other"]].sum()
-        return float(busy / samples) if samples else None
+        return float(busy), int(t[:, f["batches"]].sum()), int(t[:, f["samples"]].sum())
 
     def worth_dispatching(self, room: int) -> bool:
         """Whether to send tasks now, with ``room`` more batches allowed outstanding.
@@ -160,7 +186,7 @@ class Session:
     # ------------------------------------------------------------ segments
     def _attach(self, seg: Segment) -> None:
         # The slot size changes only with a new segment, so the depth follows it here.
-        self.dispatcher.per_worker = self._depth(self.ring.slot_bytes)
+        self._retune()
         for h in self.supervisor.live():
             self.supervisor.send(h.id, Attach(seg.id, seg.size), fd=seg.fd)
 
@@ -182,6 +208,7 @@ class Session:
             self.supervisor.send(wait.worker, Reassign(wait.need.iteration, wait.need.seq, None))
         self._stream_points.clear()
         self._pending_restores.clear()
+        self._retune()
         return self.iteration
 
     def collect_releases(self) -> None:
@@ -260,6 +287,8 @@ class Session:
                 # session goes on, and these results must not be lost with the exception
                 self._carried = results
                 raise
+        if self.dispatcher.completed >= self._retune_at:
+            self._retune()
         return results
 
     def _handle(self, wid: int, msg: Any) -> Loaded | LoadFailed | Ended | None:

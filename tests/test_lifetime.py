@@ -7,7 +7,7 @@ import pytest
 
 from shmload import DataLoader, RingFullError
 
-from .helpers import ImageDataset, RangeDataset, VariableDataset
+from .helpers import ImageDataset, RangeDataset, SlowDataset, VariableDataset
 
 
 def test_data_never_changes_under_held_views():
@@ -41,10 +41,33 @@ def test_a_for_loop_reuses_the_ring_without_growing_it(prefetch_factor, depth):
         for batch in loader:
             assert batch["image"][:, 0].tolist() == (batch["label"] % 256).tolist()
         session = loader._sessions.persistent
-        assert session.dispatcher.per_worker == depth
-        # 2 * depth batches in flight + the one the loop holds; the target allows one more held
+        per_worker = session.dispatcher.per_worker
         slots, nbytes, slot_bytes = session.ring.num_slots, session.ring.nbytes, session.ring.slot_bytes
-    assert slots in (2 * depth + 1, 2 * depth + 2) and nbytes == slots * slot_bytes
+    # the ring holds the batches in flight, 2 * depth by bytes (the pace may retune the
+    # depth lower: dispatch.DEPTH_SECONDS), + the one the loop holds; the target allows
+    # one more held, never more
+    assert 2 <= per_worker <= depth and (prefetch_factor is not None or per_worker > 2)
+    assert 2 * per_worker + 1 <= slots <= 2 * depth + 2 and nbytes == slots * slot_bytes
+
+
+def test_small_batches_slow_to_load_keep_torchs_depth(monkeypatch):
+    # ~10 ms per batch of one int: the bytes rule alone would queue 64 per worker, which a
+    # break leaves behind for persistent workers to load (dispatch.DEPTH_SECONDS)
+    from shmload.dispatch import Dispatcher
+    held, assign = [], Dispatcher.assign
+
+    def counted(self, wid, key, task):
+        assign(self, wid, key, task)
+        held.append(len(self._tasks[wid]))
+
+    monkeypatch.setattr(Dispatcher, "assign", counted)
+    loader = DataLoader(SlowDataset(40, 0.01), batch_size=1, num_workers=2, persistent_workers=True, timeout=60)
+    with loader:
+        for epoch in range(2):
+            assert [int(b[0]) for b in loader] == list(range(40))
+        session = loader._sessions.persistent
+        assert session.dispatcher.completed == 80 and session.dispatcher.per_worker == 2
+    assert len(held) >= 80 and max(held) == 2  # at no time more than torch's 2 per worker (assign also re-records a task given a slot)
 
 
 def test_a_derived_view_keeps_the_slot_held():

@@ -336,7 +336,7 @@ def test_the_trace_is_chrome_trace_json_with_a_track_per_worker(tmp_path):
 def test_a_split_batch_counts_its_parts_for_the_workers_that_loaded_them(tmp_path):
     path = tmp_path / "trace.json"
     with shmload.DataLoader(SleepyDataset(24, 0.001), batch_size=6, num_workers=2, timeout=30,
-                            split_batches=True) as loader:
+                            split_batches=True, prefetch_factor=16) as loader:  # room on both workers (test_split.py)
         assert len(list(loader)) == 4
         stats = loader.stats()
         stats.trace(str(path))

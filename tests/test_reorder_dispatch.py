@@ -115,6 +115,16 @@ def test_automatic_prefetch_goes_deep_only_for_small_batches():
     assert prefetch_depth(None, 4 * KIB, 8, GIB) == 64  # capped
 
 
+def test_a_measured_pace_caps_the_automatic_depth_at_a_few_milliseconds_of_work():
+    from shmload.dispatch import DEPTH_SECONDS
+    assert prefetch_depth(None, 4 * KIB, 2, GIB, batch_seconds=1e-5) == 64  # fast: the bytes rule
+    assert prefetch_depth(None, 36 * KIB, 2, GIB, batch_seconds=150e-6) == 28
+    assert prefetch_depth(None, 4 * KIB, 2, GIB, batch_seconds=DEPTH_SECONDS / 10) == 10
+    assert prefetch_depth(None, 4 * KIB, 2, GIB, batch_seconds=0.64) == 2  # slow small batches: torch's depth
+    assert prefetch_depth(None, 10 * MIB, 2, GIB, batch_seconds=1e-6) == 2  # never deeper than the bytes allow
+    assert prefetch_depth(16, 4 * KIB, 2, GIB, batch_seconds=0.64) == 16  # an explicit factor as given
+
+
 def test_automatic_prefetch_leaves_a_tight_bound_for_the_ring_to_grow_into():
     # 2 workers may use a quarter of 1 MiB: 128 KiB each, 4 slots of 32 KiB
     assert prefetch_depth(None, 32 * KIB, 2, MIB) == 4

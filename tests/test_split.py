@@ -298,7 +298,9 @@ def test_by_default_the_first_and_last_batches_are_split_and_the_rest_are_whole(
 
 
 def test_split_batches_false_never_splits_and_true_always_does():
-    kw = dict(batch_size=6, num_workers=2, timeout=30)
+    # deep queues: True splits over the workers with room, and with torch's 2 (the
+    # automatic depth of batches this slow) a worker two spans ahead has none
+    kw = dict(batch_size=6, num_workers=2, timeout=30, prefetch_factor=16)
     with shmload.DataLoader(Augmented(24, delay=0.002), split_batches=False, **kw) as loader:
         assert all(len(w) == 1 for w in _loaders_of(list(loader)))
     with shmload.DataLoader(Augmented(24, delay=0.002), split_batches=True, **kw) as loader:
