@@ -164,8 +164,13 @@ class SlotViews:
     reused. Only layouts the caller says ``recur`` are kept (the cached plans' own
     objects, NOTE [ The cached plan ] in collate.py: shared by every batch of their
     structure, and holding no batch's values); any other layout gets fresh views. At most
-    one layout is kept per slot. The views export the segment's mapping, which then
-    cannot be closed: :meth:`forget` a segment before unmapping it."""
+    one layout is kept per slot, and at most :attr:`SLOTS` slots (a view is ~250 bytes: a
+    ring of many workers at depth 64, with batches of many fields, would otherwise keep
+    megabytes per worker; past it, slots get fresh views as before). The views export
+    the segment's mapping, which then cannot be closed: :meth:`forget` a segment before
+    unmapping it."""
+
+    SLOTS = 256
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, int], tuple[Layout, dict[int, np.ndarray]]] = {}
@@ -178,7 +183,7 @@ class SlotViews:
         entry = self._kept.get(key)
         if entry is None or entry[0] is not layout:
             view = slot_destination(mapping[slot.offset:slot.offset + slot.capacity])
-            if not recur:
+            if not recur or (entry is None and len(self._kept) >= self.SLOTS):
                 return view
             entry = self._kept[key] = (layout, {id(spec): view(spec) for spec in layout.leaves
                                                if type(spec) is ArraySpec})

@@ -270,3 +270,16 @@ def test_forgetting_a_segment_lets_its_mapping_close():
         mm[1].close()
     views.forget()
     mm[1].close()
+
+
+def test_slot_views_keep_at_most_SLOTS_slots():
+    plans = C.StackPlans()
+    plan = plans.plan(_tiny_batch(0), None)
+    views = L.SlotViews()
+    views.SLOTS = 3
+    mapping = np.zeros(5 * 4096, np.uint8)
+    spec = plan.layout.leaves[0]
+    made = [views.destination(_Ref(0, k * 4096, 4096), mapping, plan.layout, True) for k in range(5)]
+    assert [m(spec) is m(spec) for m in made] == [True, True, True, False, False]  # the last two: fresh each time
+    again = views.destination(_Ref(0, 0, 4096), mapping, plan.layout, True)
+    assert again(spec) is made[0](spec)  # a kept slot still reuses its views
