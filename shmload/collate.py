@@ -149,16 +149,11 @@ class StackPlans:
             batcher, structure = made
             if len(self._cached) >= self.KEPT:
                 self._cached.clear()
-                self._whole.clear()
             leaves = tuple(None if type(leaf) is ObjectValue else leaf for leaf in plan.layout.leaves)
             whole = plan.layout if None not in leaves else None
             in_seq = tuple(kind[0] == "object" and kind[1] for kind in batcher.kinds)
-            old = self._cached.get(n)
-            if old is not None and old.layout is not None:
-                del self._whole[id(old.layout)]
             self._cached[n] = _Cached(structure, list(batcher.kinds), leaves, whole, in_seq, plan.layout.nbytes)
-            if whole is not None:
-                self._whole[id(whole)] = whole
+            self._whole = {id(c.layout): c.layout for c in self._cached.values() if c.layout is not None}
         return plan
 
     def sample_bytes(self, n: int) -> int | None:

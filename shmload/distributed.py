@@ -47,16 +47,22 @@ def world() -> tuple[int, int, str]:
                          f"WORLD_SIZE={size!r}, RANK={rank!r}") from None
 
 
+def world_or_alone() -> tuple[int, int]:
+    """(world size, rank) as :func:`world` finds them, else (1, 0): one process alone."""
+    try:
+        size, rank, _ = world()
+    except (RuntimeError, ValueError):
+        return 1, 0
+    return size, rank
+
+
 def current_rank(sampler: Any = None) -> int:
     """This process's rank, for the batch seeds (``seeding.batch_seed``): the sampler's if
     it is a :class:`DistributedSampler`, else torch.distributed's or the ``RANK``
     environment's, else 0."""
     if isinstance(sampler, DistributedSampler):
         return sampler.rank
-    try:
-        return world()[1]
-    except (RuntimeError, ValueError):
-        return 0
+    return world_or_alone()[1]
 
 
 class DistributedSampler(SeededSampler):

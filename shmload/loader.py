@@ -24,7 +24,7 @@ from .config import LoaderConfig, check_arguments, check_settings, iter_warnings
 from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import ShmloadWarning
-from .distributed import DistributedSampler, current_rank, world as _distributed_world
+from .distributed import DistributedSampler, current_rank, world_or_alone
 from .iterable import check_shuffle_buffer, check_stream_options, classify
 from .sampler import BatchSampler, orders
 from .parts import DEFAULT_PARTS
@@ -456,10 +456,4 @@ def _stream_world(distributed: bool | None) -> tuple[int, int]:
     """(world size, rank) among which ``stream_parts()`` divides a stream's parts:
     torch.distributed's or torchrun's environment (``distributed.world()``); one process
     with ``distributed=False``, which has every rank read everything."""
-    if distributed is False:
-        return 1, 0
-    try:
-        size, rank, _ = _distributed_world()
-    except (RuntimeError, ValueError):
-        return 1, 0
-    return size, rank
+    return (1, 0) if distributed is False else world_or_alone()

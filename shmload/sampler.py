@@ -103,10 +103,10 @@ class Order:
 
     def _positions(self) -> np.ndarray:
         k, in_range = self.length, self._in_range()
-        if in_range is not None:  # then every position is in [0, n): int64 cannot overflow
-            steps = np.arange(in_range.start, in_range.stop, in_range.step, dtype=np.int64)  # (one call: ~0.5 us)
-        else:
-            steps = np.arange(k, dtype=np.int64)
+        # the positions themselves when they do not wrap (all in [0, n): int64 cannot
+        # overflow), else the steps 0..k-1 to wrap below
+        r = in_range if in_range is not None else range(k)
+        steps = np.arange(r.start, r.stop, r.step, dtype=np.int64)
         if len(steps) != k:  # numpy's arange gives [] for lengths near 2**63
             raise MemoryError(f"an order of {k} indices does not fit in memory: take it a slice at a time")
         if in_range is not None:

@@ -124,10 +124,12 @@ class Session:
         """The ring's target: the batches in flight, plus two the consumer may hold (ring.py)."""
         return self.cfg.num_workers * self._depth(slot_bytes) + 2
 
-    def _depth(self, slot_bytes: int) -> int:
-        """The depth by bytes alone: what the ring is sized for (an upper bound, so that a
-        depth retuned by pace never needs a larger ring)."""
-        return prefetch_depth(self.cfg.prefetch_factor, slot_bytes, self.cfg.num_workers, self.ring.max_bytes)
+    def _depth(self, slot_bytes: int, batch_seconds: float | None = None) -> int:
+        """The depth for slots of ``slot_bytes`` (and a measured ``batch_seconds``). By bytes
+        alone, it is what the ring is sized for: an upper bound, so that a depth retuned by
+        pace never needs a larger ring."""
+        return prefetch_depth(self.cfg.prefetch_factor, slot_bytes, self.cfg.num_workers, self.ring.max_bytes,
+                              batch_seconds)
 
     def _retune(self) -> None:
         """The automatic depth again, with the workers' pace as measured so far (the
@@ -143,9 +145,8 @@ class Session:
         busy = self._busy()
         if busy is None or not busy[1]:
             self.dispatcher.per_worker = DEFAULT_PREFETCH
-            return
-        self.dispatcher.per_worker = prefetch_depth(None, self.ring.slot_bytes, self.cfg.num_workers,
-                                                    self.ring.max_bytes, busy[0] / busy[1])
+        else:
+            self.dispatcher.per_worker = self._depth(self.ring.slot_bytes, busy[0] / busy[1])
 
     @property
     def outstanding(self) -> int:
