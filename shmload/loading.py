@@ -88,7 +88,8 @@ class BatchTimer:
 
 
 def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any, timer: BatchTimer,
-               rowwise: Callable[..., Any] | None = None, parts: int = 1, span: _parts.Span | None = None) -> Any:
+               rowwise: Callable[..., Any] | None = None, parts: int = 1, span: _parts.Span | None = None,
+               bound: int | None = None) -> Any:
     """Batch ``seq`` of ``epoch``: its :class:`Plan`, or :data:`ENDED` if ``load`` is a
     :class:`Draw` past the end of this process's stream. ``load`` is the task's (dataset
     indices, one index, or a Draw); ``epoch_key`` changes with every epoch of the stream.
@@ -99,7 +100,7 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
     also uses for the draws it skips. A worker passes ``rowwise`` for a map-style batch
     that may be written row by row (``rowwise.applies``): the batch is then handed to it,
     seeded, instead of being fetched whole; it returns a Plan, or None if the batch was
-    given up."""
+    given up. ``bound``: a number every index is below, if known (``fetch.check_indices``)."""
     if type(load) is Draw:
         return _load_draw(src, epoch, load, epoch_key, timer)
     if type(load) is Indices:  # (in this process: a worker gets the list from wire.py)
@@ -112,8 +113,8 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
         cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
         reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
     if rowwise is not None:
-        return rowwise(load, timer, cuts, reseed)
-    samples = fetch(src.dataset, load, src.auto_batch, cuts, reseed)
+        return rowwise(load, timer, cuts, reseed, bound)
+    samples = fetch(src.dataset, load, src.auto_batch, cuts, reseed, bound)
     timer.to_fetch()
     plan = make_plan(samples, load, src.collate_fn, src.auto_batch, src.plans)
     timer.to_collate()

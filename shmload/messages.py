@@ -140,6 +140,7 @@ class Task(NamedTuple):
     slot: SlotRef | None
     parts: int = 1  # the batch's parts, each seeded for itself (NOTE [ Parts of a batch ], parts.py)
     span: Any = None  # a parts.Span: ``load`` is these rows of the batch only, written into their rows of the slot
+    bound: int | None = None  # set by the worker's decoding only (wire.py): every index of ``load`` is below it
 
 
 class Reassign(NamedTuple):

@@ -52,7 +52,7 @@ def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any, plans
 def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
                  space: Callable[[int], np.ndarray | None], plans: Any = None,
                  cuts: Sequence[tuple[int, int]] = (), reseed: Callable[[int], None] | None = None,
-                 span: Any = None) -> Plan | None:
+                 span: Any = None, bound: int | None = None) -> Plan | None:
     """Load the batch at ``indices``: its plan, with its arrays written already into
     ``space(nbytes)`` (the slot, as a uint8 array; None if the batch was given up while
     waiting for one: then so is this call, None). If its samples are small, they are
@@ -62,12 +62,13 @@ def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
     ``timer`` is the batch's ``loading.BatchTimer``; ``reseed(part)`` is called before the
     sample at each ``(position, part)`` of ``cuts`` (NOTE [ Parts of a batch ], parts.py).
     With a ``span`` (``parts.Span``), ``indices`` are its rows of a larger batch: the space
-    asked for is the whole batch's, and the samples go to their rows of it.
+    asked for is the whole batch's, and the samples go to their rows of it. ``bound``: a
+    number every index is below, if known (``fetch.check_indices``).
 
     The first sample tells the batch's size, so a batch without a (large enough) slot
     asks for one right then, before fetching the rest: even the batches that size the
     ring never sit whole in the worker's heap."""
-    check_indices(dataset, indices)
+    check_indices(dataset, indices, bound)
     first = dataset[indices[0]]
     timer.to_fetch()
     batch = RowwiseBatch(first, indices, span)

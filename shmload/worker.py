@@ -251,7 +251,7 @@ class _WorkerLoop:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
                 src.dataset, src.collate_fn, src.auto_batch, load, src.plans) else None
             plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows, task.parts,
-                              task.span)
+                              task.span, task.bound)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))
@@ -265,10 +265,10 @@ class _WorkerLoop:
             return
         self.place(task, plan, point)
 
-    def load_rowwise(self, indices: Any, timer: BatchTimer, cuts: Any, reseed: Any) -> Plan | None:
+    def load_rowwise(self, indices: Any, timer: BatchTimer, cuts: Any, reseed: Any, bound: int | None) -> Plan | None:
         """The batch written row by row into its slot as it is fetched (rowwise.py)."""
         return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans, cuts,
-                                    reseed, self.task.span)
+                                    reseed, self.task.span, bound)
 
     def slot_space(self, nbytes: int) -> Any:
         """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,

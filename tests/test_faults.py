@@ -16,6 +16,7 @@ import pytest
 
 import shmload
 from shmload import CollateError, DataLoader, RingFullError, ShmloadWarning, WorkerDiedError, WorkerStartupError
+from shmload.fetch import check_indices
 
 from .helpers import DyingDataset, RangeDataset, SlowDataset
 
@@ -223,6 +224,30 @@ def test_a_sampler_index_out_of_range_is_named_with_the_length(workers, bad):
                                          rf"\[2, {bad}\]\), but len\(dataset\) is 12: expected 0 <= index < 12"):
         next(it)
     assert next(it).tolist() == [4, 5]  # the iterator stays usable
+
+
+class _Scanned(list):
+    """Indices that count how often they are scanned."""
+
+    scans = 0
+
+    def __iter__(self):
+        type(self).scans += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("bound, scans", [(None, 2), (12, 0)])
+def test_a_bound_within_len_spares_the_index_scan(bound, scans):
+    _Scanned.scans = 0
+    check_indices(LenientDataset(12), _Scanned([0, 11]), bound)
+    assert _Scanned.scans == scans  # min() and max(), unless the bound proves them in range
+
+
+@pytest.mark.parametrize("bad, bound", [(-1, 2**64), (12, 13)])  # a negative index bounds as a huge one (wire.py)
+def test_a_bound_beyond_len_falls_back_to_the_check_that_names_the_index(bad, bound):
+    with pytest.raises(IndexError, match=rf"the sampler gave dataset index {bad} \(at position 1 of the batch "
+                                         rf"\[2, {bad}\]\), but len\(dataset\) is 12"):
+        check_indices(LenientDataset(12), [2, bad], bound)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
