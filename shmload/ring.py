@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import mmap
+from operator import attrgetter, countOf
 from typing import Callable, Protocol
 
 from .errors import RingFullError, format_bytes
@@ -59,6 +60,10 @@ class SlotState(enum.Enum):
     FILLING = "filling"  # sent with a task: a worker writes it
     READY = "ready"
     HELD = "held"
+
+
+_state = attrgetter("state")
+_STATES = tuple((state.value, state) for state in SlotState)
 
 
 class Slot:
@@ -122,10 +127,8 @@ class Ring:
         return len(self._free)
 
     def counts(self) -> dict[str, int]:
-        out = {state.value: 0 for state in SlotState}
-        for slot in self._slots:
-            out[slot.state.value] += 1
-        return out
+        states = list(map(_state, self._slots))  # (counted by identity: an enum's .value or hash per
+        return {value: countOf(states, state) for value, state in _STATES}  # slot is a Python call)
 
     def slots_in(self, state: SlotState) -> list[Slot]:
         return [s for s in self._slots if s.state is state]
