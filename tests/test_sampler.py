@@ -44,6 +44,33 @@ def test_batch_sampler_over_a_plain_iterable_matches_the_fast_path():
     assert list(fast) == list(slow)
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_foreign_sampler_is_drawn_only_as_far_as_the_batches_asked_for(drop):
+    drawn = []
+
+    def sampler():  # a generator: each index drawn is recorded
+        for i in range(10):
+            drawn.append(i)
+            yield i
+
+    batches = BatchSampler(_Sized(sampler, 10), 4, drop)
+    it = iter(batches)
+    assert next(it) == [0, 1, 2, 3] and drawn == [0, 1, 2, 3]  # not one index ahead
+    assert next(it) == [4, 5, 6, 7] and drawn == list(range(8))
+    assert list(it) == ([] if drop else [[8, 9]]) and drawn == list(range(10))
+
+
+class _Sized:
+    def __init__(self, make, n):
+        self.make, self.n = make, n
+
+    def __iter__(self):
+        return self.make()
+
+    def __len__(self):
+        return self.n
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
 def test_bad_batch_size(bad):
     with pytest.raises(ValueError, match="batch_size should be a positive integer"):
