@@ -89,7 +89,7 @@ class StageClock:
 
 def one_run(workload: str, batches: int, workers: int, stages: bool = False) -> dict[str, float]:
     w = WORKLOADS[workload]
-    per_epoch = min(batches, 600)
+    per_epoch = min(batches, w.batches)  # the workload's own epochs (see workloads.py)
     dataset = w.make_dataset(w.batch_size * per_epoch)
     index_batches = [list(range(s, s + w.batch_size)) for s in range(0, len(dataset), w.batch_size)]
     getitem = getitem_ms(dataset, index_batches)

@@ -195,9 +195,13 @@ WORKLOADS = {w.name: w for w in (
              note="uint8 3x512x512 fresh copy + label, batch 32"),
     Workload("jpeg", 64, 24, 4, _jpeg_dataset, "images",
              note="~500x375 JPEG decode + RandomResizedCrop 224 + flip, batch 64", deterministic=False),
-    Workload("tiny", 256, 600, 200, lambda n: TinyRows(n), "MB",
+    # tiny and rows: epochs of ~0.3 s. At 600 and 120 batches an epoch lasted ~60 ms: runs
+    # varied by +-15%, and the end of each epoch, when an exact-epoch loader's workers have
+    # nothing left to load while the consumer takes the batches they prefetched (~2 ms for
+    # shmload, docs/performance.md), weighed 3-4% of it (tensorpack's runner keeps no epochs).
+    Workload("tiny", 256, 3000, 200, lambda n: TinyRows(n), "MB",
              note="32 float32 + label, batch 256"),
-    Workload("rows", 1024, 120, 40, lambda n: InMemoryRows(n), "MB",
+    Workload("rows", 1024, 600, 40, lambda n: InMemoryRows(n), "MB",
              note="1 KiB rows (256 float32) of an in-memory table + label, batch 1024"),
     Workload("consumer", 64, 40, 16, lambda n: CachedImages(n, (3, 224, 224)), "MB", step_ms=19.0,
              note="transport with a 19 ms single-threaded compute step per batch"),
