@@ -41,9 +41,9 @@ def check_indices(dataset: Any, indices: Sequence[Any], bound: int | None = None
     may raise IndexError itself: a list- or array-backed dataset silently wraps a negative
     index around to the end, and a dataset whose ``__len__`` is too large fails with an
     error that does not say the sampler is at fault. Indices that are not integers (keys
-    of a dict-like dataset) are the dataset's business. About 10 us for 256 indices (docs/performance.md),
-    ~2 us given ``bound``, a number every index is known to be below (NOTE [ The bound of a
-    task's indices ], wire.py)."""
+    of a dict-like dataset) are the dataset's business. About 10 us for 256 indices (docs/performance.md);
+    one comparison given ``bound``, a number every index is known to be below, when it is
+    within ``len(dataset)`` (NOTE [ The bound of a task's indices ], wire.py)."""
     try:
         n = len(dataset)
     except Exception:  # no usable len(): nothing to check against

@@ -117,8 +117,9 @@ def unbundle(record: bytes) -> list[memoryview | bytes]:
 # min() plus max() over 256 Python ints cost ~7 us, a twentieth of the worker's own cost
 # per small batch. Indices that came as raw int64 are bounded here instead, by one numpy
 # reduction over the same bytes read as uint64 (~1.5 us): a negative index reads as a
-# number above 2**63, so ``bound <= len(dataset)`` proves every index in range, and any
-# other outcome falls back to the full check, which names the first index out of range.
+# number of at least 2**63, and len() is at most sys.maxsize (2**63 - 1; a larger
+# __len__ raises OverflowError), so ``bound <= len(dataset)`` proves every index in range.
+# Any other outcome falls back to the full check, which names the first index out of range.
 _max = np.maximum.reduce
 
 

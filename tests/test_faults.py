@@ -250,6 +250,36 @@ def test_a_bound_beyond_len_falls_back_to_the_check_that_names_the_index(bad, bo
         check_indices(LenientDataset(12), [2, bad], bound)
 
 
+class _Rows:
+    """Sample i: ``size`` bytes of value i."""
+
+    def __init__(self, n: int, size: int):
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(self.size, i, np.uint8)
+
+
+@pytest.mark.parametrize("size, caller", [(8, "fetch"), (64 * 1024, "load_rowwise")])  # small rows, or row by row
+def test_a_workers_index_check_is_given_the_bound_of_its_raw_indices(monkeypatch, size, caller):
+    def spy(dataset, indices, bound=None):  # forked into the worker with the patch
+        if 7 in indices:
+            raise RuntimeError(f"checked {list(indices)} with bound {bound}")
+        check_indices(dataset, indices, bound)
+
+    monkeypatch.setattr(shmload.fetch, "check_indices", spy)
+    monkeypatch.setattr(shmload.rowwise, "check_indices", spy)
+    loader = DataLoader(_Rows(12, size), batch_sampler=[[0, 1], [6, 7]], num_workers=1, timeout=30,
+                        multiprocessing_context="fork")  # one worker: its plan for [0, 1] is cached for [6, 7]
+    it = iter(loader)
+    assert next(it)[:, 0].tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match=rf"(?s)in {caller}\n.*checked \[6, 7\] with bound 8"):
+        next(it)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_len_that_lies_fails_at_the_missing_index(workers):
     loader = DataLoader(LyingLengthDataset(), batch_size=4, num_workers=workers, timeout=30)

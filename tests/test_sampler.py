@@ -26,15 +26,22 @@ def test_random_is_a_permutation_fixed_by_seed_and_epoch():
     assert all(type(i) is int for i in first)
 
 
+@pytest.mark.parametrize("kind", ["ours", "list", "generator"])  # our order's slices, or islice over the sampler
 @pytest.mark.parametrize("n,batch,drop,expected", [
     (10, 3, False, [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]),
     (10, 3, True, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]),
     (9, 3, True, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]),
+    (9, 3, False, [[0, 1, 2], [3, 4, 5], [6, 7, 8]]),
     (2, 5, True, []),
+    (2, 5, False, [[0, 1]]),
+    (0, 3, False, []),
 ])
-def test_batches_and_len(n, batch, drop, expected):
-    sampler = BatchSampler(SequentialSampler(range(n)), batch, drop)
+def test_batches_and_len(kind, n, batch, drop, expected):
+    source = {"ours": lambda: SequentialSampler(range(n)), "list": lambda: list(range(n)),
+              "generator": lambda: _Sized(lambda: iter(range(n)), n)}[kind]()
+    sampler = BatchSampler(source, batch, drop)
     assert list(sampler) == expected
+    assert list(sampler) == expected  # a second epoch: the sampler iterated afresh
     assert len(sampler) == len(expected)
 
 
