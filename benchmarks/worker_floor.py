@@ -73,11 +73,11 @@ def steps() -> dict[str, tuple[str, object]]:
         "getitem": ("the dataset's __getitem__, 256 samples (freed outside the clock)", _Untimed(
             lambda: [dataset[i] for i in indices()])),
         "getitem+free": ("__getitem__, then freeing the samples", fetch_and_free),
-        "batch": ("__getitem__ + plan + write + free (the collate's whole part)", whole_batch),
+        "batch": ("__getitem__ + plan + write + freeing samples and plan", whole_batch),
         "plan": ("shmload: plan against the cached plan (its checks)", lambda: plans.plan(samples, batches[0])),
         "write": ("shmload: write the plan into the buffers", lambda: write(plan, destination)),
         "zip": ("bare: transpose the tuples (one zip)", lambda: list(zip(*samples))),
-        "join": ("bare: join the rows' bytes into the buffer", lambda: flat.__setitem__(
+        "join": ("bare: join the rows' bytes, copy them into the buffer", lambda: flat.__setitem__(
             slice(None), np.frombuffer(b"".join(rows), np.uint8))),
         "labels": ("bare: the labels into an int64 buffer", lambda: label_out.__setitem__(Ellipsis, labels)),
         "seed": ("seeding random, numpy (seeding.seed_globals)", lambda: seeding.seed_globals(0, 3, next(turn))),
@@ -119,7 +119,7 @@ def main() -> None:
         print(f"  {what:<66} {timed[name]:7.1f} us")
     own = timed["batch"] - timed["getitem+free"]
     bare = timed["zip"] + timed["join"] + timed["labels"]
-    print(f"  shmload's collate beyond __getitem__ + free (batch - getitem+free)   {own:7.1f} us")
+    print(f"  plan + write + freeing the plan (batch - getitem+free)                {own:7.1f} us")
     print(f"  the bare minimum, checking nothing (zip + join + labels)             {bare:7.1f} us")
     print(f"  freeing the samples (getitem+free - getitem)                         "
           f"{timed['getitem+free'] - timed['getitem']:7.1f} us")

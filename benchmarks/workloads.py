@@ -197,8 +197,10 @@ WORKLOADS = {w.name: w for w in (
              note="~500x375 JPEG decode + RandomResizedCrop 224 + flip, batch 64", deterministic=False),
     # tiny and rows: epochs of ~0.3 s. At 600 and 120 batches an epoch lasted ~60 ms: runs
     # varied by +-15%, and the end of each epoch, when an exact-epoch loader's workers have
-    # nothing left to load while the consumer takes the batches they prefetched (~2 ms for
-    # shmload, docs/performance.md), weighed 3-4% of it (tensorpack's runner keeps no epochs).
+    # nothing left to load while the consumer takes the batches they prefetched (~3 ms for
+    # shmload, docs/performance.md), weighed ~5% of it (tensorpack's runner keeps no epochs).
+    # The datasets are 5x larger with them: the memory columns of these two workloads are
+    # not comparable with tables dated before 2026-11-26.
     Workload("tiny", 256, 3000, 200, lambda n: TinyRows(n), "MB",
              note="32 float32 + label, batch 256"),
     Workload("rows", 1024, 600, 40, lambda n: InMemoryRows(n), "MB",
