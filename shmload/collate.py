@@ -135,7 +135,6 @@ class StackPlans:
 
     def __init__(self) -> None:
         self._cached: dict[int, _Cached] = {}
-        self._whole: dict[int, Layout] = {}  # id -> the cached plans' own layouts (see holds())
 
     def plan(self, samples: Sequence[Any], indices: Sequence[int] | None) -> Plan:
         n = len(samples)
@@ -153,7 +152,6 @@ class StackPlans:
             whole = plan.layout if None not in leaves else None
             in_seq = tuple(kind[0] == "object" and kind[1] for kind in batcher.kinds)
             self._cached[n] = _Cached(structure, list(batcher.kinds), leaves, whole, in_seq, plan.layout.nbytes)
-            self._whole = {id(c.layout): c.layout for c in self._cached.values() if c.layout is not None}
         return plan
 
     def sample_bytes(self, n: int) -> int | None:
@@ -165,8 +163,8 @@ class StackPlans:
     def holds(self, layout: Layout) -> bool:
         """Is ``layout`` a cached plan's own (whole) layout? Then later batches of that
         structure have this very object as their layout (the worker keeps its slot
-        views for it: worker.SlotViews)."""
-        return self._whole.get(id(layout)) is layout
+        views for it: worker.SlotViews). By identity, over at most :attr:`KEPT` plans."""
+        return any(cached.layout is layout for cached in self._cached.values())
 
     @staticmethod
     def _from_cache(cached: _Cached, columns: list, samples: Sequence[Any], indices: Any) -> Plan:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _platform, lifetime, wire
 from .profiler import counters
@@ -43,6 +43,14 @@ from .ring import Ring, Slot, SlotState
 from .shm import Segment, default_max_shm_bytes
 from .supervisor import Supervisor, owned_here
 from .worker import UserCode
+
+
+class WorkersBusy(NamedTuple):
+    """The workers' loading so far, from the profiler's counters (Session._busy)."""
+
+    seconds: float  # loading, not waiting
+    batches: int
+    samples: int
 
 
 class RestartBudget:
@@ -143,10 +151,10 @@ class Session:
         if self.cfg.prefetch_factor is not None or not self.ring.slot_bytes:
             return
         busy = self._busy()
-        if busy is None or not busy[1]:
+        if busy is None or not busy.batches:
             self.dispatcher.per_worker = DEFAULT_PREFETCH
         else:
-            self.dispatcher.per_worker = self._depth(self.ring.slot_bytes, busy[0] / busy[1])
+            self.dispatcher.per_worker = self._depth(self.ring.slot_bytes, busy.seconds / busy.batches)
 
     @property
     def outstanding(self) -> int:
@@ -159,17 +167,16 @@ class Session:
         """The workers' mean time per sample so far (the profiler's counters: loading,
         not waiting); None before any sample."""
         busy = self._busy()
-        return busy[0] / busy[2] if busy is not None and busy[2] else None
+        return busy.seconds / busy.samples if busy is not None and busy.samples else None
 
-    def _busy(self) -> tuple[float, int, int] | None:
-        """The workers' seconds loading (not waiting), batches and samples so far, from the
-        profiler's counters; None without them."""
+    def _busy(self) -> WorkersBusy | None:
+        """The workers' loading so far; None without the profiler's counters."""
         if self.board is None:
             return None
         t = counters.totals(self.board)
         f = {name: i for i, name in enumerate(counters.FIELDS)}
         busy = t[:, f["fetch"]].sum() + t[:, f["collate"]].sum() + t[:, f["other"]].sum()
-        return float(busy), int(t[:, f["batches"]].sum()), int(t[:, f["samples"]].sum())
+        return WorkersBusy(float(busy), int(t[:, f["batches"]].sum()), int(t[:, f["samples"]].sum()))
 
     def worth_dispatching(self, room: int) -> bool:
         """Whether to send tasks now, with ``room`` more batches allowed outstanding.

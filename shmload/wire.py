@@ -116,7 +116,7 @@ def unbundle(record: bytes) -> list[memoryview | bytes]:
 # The worker checks every batch's indices against len(dataset) (fetch.check_indices), and
 # min() plus max() over 256 Python ints cost ~7 us, a twentieth of the worker's own cost
 # per small batch. Indices that came as raw int64 are bounded here instead, by one numpy
-# reduction over the same bytes read as uint64 (~1.5 us): a negative index reads as a
+# reduction over the same array read as uint64 (~1.5 us): a negative index reads as a
 # number of at least 2**63, and len() is at most sys.maxsize (2**63 - 1; a larger
 # __len__ raises OverflowError), so ``bound <= len(dataset)`` proves every index in range.
 # Any other outcome falls back to the full check, which names the first index out of range.
@@ -131,11 +131,10 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
         _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
         raw, bound = memoryview(record)[_TASK.size:], None
         if load_kind == _LOAD_INTS:
-            indices = array.array("q")
-            indices.frombytes(raw)
+            indices = np.frombuffer(raw, np.int64)
             load = indices.tolist()
             if load:  # NOTE [ The bound of a task's indices ]
-                bound = int(_max(np.frombuffer(raw, np.uint64))) + 1
+                bound = int(_max(indices.view(np.uint64))) + 1
         else:
             load = pickle.loads(raw)
         slot = SlotRef(segment, offset, capacity) if segment >= 0 else None
