@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -78,82 +79,149 @@ def resolve_context(value) -> multiprocessing.context.BaseContext:
     )
 
 
-# ---------------------------------------------------------------- Ctrl-C
-# NOTE [ Ctrl-C waits for a window ]
-# Python raises KeyboardInterrupt between any two bytecodes of the main thread. Some of
-# the loader's steps must not be cut in two: a shared-memory name lives between shm_open
-# and shm_unlink (cut there, it stays in /dev/shm for ever); a descriptor or a started
-# process is on its way into the object that will own it; a message is half sent, a
-# result read but not yet filed, a slot taken but not yet given to a task (cut there,
-# the iterator loses a batch, or waits forever for one). Such steps run as a *window*:
-# between defer_sigint() and resume_sigint() in the main thread, SIGINT's handler only
-# notes the signal, and resume_sigint() hands it on, raising the KeyboardInterrupt where
-# the caller has made its state whole again. Only blocking waits with nothing half done
-# are left open to it (interruptible()), so a Ctrl-C is never held for longer than the
-# loader's own bookkeeping takes.
+# ---------------------------------------------------------------- interrupts
+# NOTE [ Interrupts wait for a window ]
+# Python runs a signal's handler between any two bytecodes of the main thread, and a
+# handler may raise: KeyboardInterrupt for Ctrl-C, SystemExit from a preemption handler
+# (`signal.signal(SIGTERM, lambda *_: sys.exit(1))`, as cluster schedulers' jobs do), or
+# anything else. Some of the loader's steps must not be cut in two: a shared-memory name
+# lives between shm_open and shm_unlink (cut there, it stays in /dev/shm for ever); a
+# descriptor or a started process is on its way into the object that will own it; a
+# message is half sent, a result read but not yet filed, a slot taken but not yet given
+# to a task, a descriptor closed but not yet forgotten (cut there, the iterator loses a
+# batch, waits for ever for one, or a second close() closes a reused descriptor). Such
+# steps run as a *window*: between defer_signals() and resume_signals() in the main
+# thread, the handlers of every signal that has a Python handler only note the signal,
+# and resume_signals() hands the signals on in the order they came, so that whatever a
+# handler raises is raised where the caller has made its state whole again. Only blocking
+# waits with nothing half done are left open to them (interruptible()), so a signal is
+# never held for longer than the loader's own bookkeeping takes.
 #
-# How: the first window wraps whatever handler is installed (default_int_handler, or the
-# user's) in _gate_handler, and leaves it installed; outside windows it calls the wrapped
-# handler at once, so the only visible change is signal.getsignal(SIGINT). A handler the
-# user installs later is wrapped in turn by the next window. SIG_DFL and SIG_IGN raise no
-# KeyboardInterrupt, so there is nothing to defer. Other threads need nothing: Python
-# runs signal handlers in the main thread only. pthread_sigmask alone would not do in the
-# main thread: the kernel then hands the signal to another thread, and Python still runs
-# the handler here; it is used, in start_window(), only so that a worker started inside
-# the window inherits a blocked SIGINT (see start_window()).
+# How: a window wraps each Python handler it finds installed (default_int_handler, the
+# user's SIGTERM handler...) in a gate of its own (_Gated), and leaves it installed;
+# outside windows the gate calls the wrapped handler at once, so the only visible change
+# is what signal.getsignal() returns. A handler installed later is wrapped in turn by a later
+# window: SIGINT's and SIGTERM's are looked for at every window, the other signals' at
+# most every SCAN_INTERVAL (a look at all 60 costs ~2 us, too much for every next()).
+# SIG_DFL and SIG_IGN run no Python code, so there is nothing to defer.
+#
+# Why not pthread_sigmask alone: blocked in the main thread, a signal sent to the
+# process goes to any other thread (the user's, torch's), and Python still runs the
+# handler in the main thread, in the middle of the window. The mask is added where a
+# signal's default action would be the harm (shm.py's name window: a SIGTERM left to
+# kill the process there leaves the name) and in start_window().
+#
+# The gate also marks what a handler raised (raised_by_signal()), so the epoch can tell
+# an interrupt (nothing taken: the same batch comes next) from the dataset's own error
+# (raised at its batch's position).
 _MAIN_THREAD = threading.main_thread().ident
 # signal.getsignal() converts its result to an enum member, which costs microseconds in
 # next()'s path; the C function it wraps returns the handler itself.
 _getsignal = getattr(_signal, "getsignal", signal.getsignal)
 _SIGINT = int(signal.SIGINT)
+_EVERY_WINDOW = (_SIGINT, int(signal.SIGTERM))  # Ctrl-C, and what schedulers send to preempt
+_CATCHABLE = tuple(sorted(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)))
+SCAN_INTERVAL = 0.1  # seconds: how late a window may notice a new handler of another signal
+_SIGNALED = "_shmload_signal"  # the attribute raised_by_signal() reads
 
 
 class _Gate:
     depth = 0  # open windows in the main thread
-    pending: Any = None  # the frame a deferred SIGINT arrived in
-    wrapped: Any = None  # the handler a SIGINT is handed to
+    pending: list = []  # (gate, signal, frame) of the signals that came during the windows, in order
+    next_scan = 0.0  # (time.monotonic) when to look at every signal's handler again
 
 
-def _gate_handler(signum: int, frame: Any) -> None:
-    if _Gate.depth:
-        _Gate.pending = frame
-    else:
-        _Gate.wrapped(signum, frame)
+class _Gated:
+    """A handler of the user's (or Python's default_int_handler), installed in its place:
+    it defers the signal inside a window and calls the handler outside. One per handler,
+    so that a handler the user saved from ``signal.signal()`` and puts back later (a
+    handler installed for a while and then restored) brings back the handler it wrapped."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self, handler: Callable[[int, Any], Any]):
+        self.handler = handler
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if _Gate.depth:
+            if all(p[1] != signum for p in _Gate.pending):  # (the kernel too keeps one of each)
+                _Gate.pending.append((self, signum, frame))
+        else:
+            self.hand_on(signum, frame)
+
+    def hand_on(self, signum: int, frame: Any) -> None:
+        try:
+            self.handler(signum, frame)
+        except BaseException as exc:
+            try:
+                setattr(exc, _SIGNALED, signum)
+            except AttributeError:  # (an exception type with __slots__)
+                pass
+            raise
+
+    def __repr__(self) -> str:
+        return f"<shmload's gate for {self.handler!r}>"
 
 
-def defer_sigint() -> bool:
-    """Open a window; False where there is nothing to defer (another thread, SIG_DFL...).
-    Pass the result to :func:`resume_sigint`."""
+def raised_by_signal(exc: BaseException) -> bool:
+    """Was ``exc`` raised by a signal's handler (through a window's gate), or is it a
+    KeyboardInterrupt? Either is an interrupt, not an error of the code it cut."""
+    return isinstance(exc, KeyboardInterrupt) or getattr(exc, _SIGNALED, None) is not None
+
+
+def _wrap(signums: tuple[int, ...]) -> None:
+    for signum in signums:
+        current = _getsignal(signum)
+        if type(current) is _Gated or not callable(current):
+            continue
+        try:
+            signal.signal(signum, _Gated(current))
+        except (ValueError, OSError):  # not the main interpreter; a signal Python may not handle
+            continue
+
+
+def defer_signals() -> bool:
+    """Open a window; False where there is nothing to defer (another thread). Pass the
+    result to :func:`resume_signals`."""
     if threading.get_ident() != _MAIN_THREAD:
         return False
     if _Gate.depth == 0:
-        current = _getsignal(_SIGINT)
-        if current is not _gate_handler:
-            if not callable(current):
-                return False
-            try:
-                signal.signal(signal.SIGINT, _gate_handler)
-            except ValueError:  # not the main interpreter
-                return False
-            _Gate.wrapped = current
+        _wrap(_EVERY_WINDOW)
+        now = time.monotonic()
+        if now >= _Gate.next_scan:
+            _Gate.next_scan = now + SCAN_INTERVAL
+            _wrap(_CATCHABLE)
     _Gate.depth += 1
     return True
 
 
-def resume_sigint(entered: bool) -> None:
-    """Close a window: a SIGINT that came meanwhile raises its KeyboardInterrupt now."""
+def _deliver_pending() -> None:
+    """Hand on the signals that came during the windows (depth is 0). If a handler
+    raises, the signals after it are raised again, to be handed on at once after it, as
+    Python does with signals pending when a handler raises."""
+    pending, _Gate.pending = _Gate.pending, []
+    for i, (gate, signum, frame) in enumerate(pending):
+        try:
+            gate.hand_on(signum, frame)
+        except BaseException:
+            for _, later, _ in pending[i + 1:]:
+                signal.raise_signal(later)
+            raise
+
+
+def resume_signals(entered: bool) -> None:
+    """Close a window: a signal that came meanwhile is handed on now."""
     if not entered:
         return
     _Gate.depth -= 1
-    if _Gate.depth == 0 and _Gate.pending is not None:
-        frame, _Gate.pending = _Gate.pending, None
-        _Gate.wrapped(signal.SIGINT, frame)
+    if _Gate.depth == 0 and _Gate.pending:
+        _deliver_pending()
 
 
 class interruptible:
-    """``with interruptible():`` inside a window, a blocking wait with nothing half done:
-    a Ctrl-C (one that came earlier included) interrupts it. (A class, not a generator:
-    it is in next()'s path.)"""
+    """``with interruptible():`` inside a window, a blocking wait (or the user's code) with
+    nothing of the loader's half done: a signal (one that came earlier included) is
+    handed on at once. (A class, not a generator: it is in next()'s path.)"""
 
     __slots__ = ("_depth",)
 
@@ -161,10 +229,9 @@ class interruptible:
         self._depth = depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD else 0
         if depth:
             _Gate.depth = 0
-            if _Gate.pending is not None:
-                frame, _Gate.pending = _Gate.pending, None
+            if _Gate.pending:
                 try:
-                    _Gate.wrapped(signal.SIGINT, frame)
+                    _deliver_pending()
                 except BaseException:
                     _Gate.depth = depth  # __exit__ does not run when __enter__ raises
                     raise
@@ -175,13 +242,32 @@ class interruptible:
 
 
 @contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """A window as a ``with`` block (NOTE [ Ctrl-C waits for a window ])."""
-    entered = defer_sigint()
+def signals_deferred() -> Iterator[None]:
+    """A window as a ``with`` block (NOTE [ Interrupts wait for a window ])."""
+    entered = defer_signals()
     try:
         yield
     finally:
-        resume_sigint(entered)
+        resume_signals(entered)
+
+
+# Signals a process is sent by others (not the ones a fault raises in the thread itself).
+_ASYNC = frozenset(_CATCHABLE) - {int(getattr(signal, n)) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
+                                                                      "SIGTRAP", "SIGSYS") if hasattr(signal, n)}
+
+
+@contextlib.contextmanager
+def signals_blocked() -> Iterator[None]:
+    """A window that also keeps the kernel from acting on a signal in this thread for its
+    few microseconds (a SIGTERM left to its default action would end the process inside
+    it): the signals are blocked, and acted on once unblocked. Only where that harm is
+    real (shm.py's name window): a process's other threads may still receive them."""
+    with signals_deferred():
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextlib.contextmanager
@@ -194,26 +280,28 @@ def start_window() -> Iterator[None]:
     blocked meanwhile, so that a Ctrl-C of the user's is kept by the kernel (a blocked
     signal is never discarded as ignored) and noted once the gate's handler is back. The
     worker unblocks it once it ignores SIGINT itself (worker.py)."""
-    entered = defer_sigint()
+    entered = defer_signals()
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            if entered:
+            gate = _getsignal(_SIGINT) if entered else None
+            gated = type(gate) is _Gated
+            if gated:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 yield
             finally:
-                if entered:
-                    signal.signal(signal.SIGINT, _gate_handler)
+                if gated:
+                    signal.signal(signal.SIGINT, gate)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a SIGINT held by the kernel is noted now
     finally:
-        resume_sigint(entered)
+        resume_signals(entered)
 
 
 def _reset_gate_after_fork() -> None:
     # a child forked inside a window (a worker) has no window open
-    _Gate.depth, _Gate.pending = 0, None
+    _Gate.depth, _Gate.pending = 0, []
 
 
 # ---------------------------------------------------------------- resource limits

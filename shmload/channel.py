@@ -140,7 +140,7 @@ class Channel:
         return frames
 
     def close(self) -> None:
-        with _platform.sigint_deferred():  # the outbox's descriptors all closed, or none
+        with _platform.signals_deferred():  # the outbox's descriptors all closed, or none
             self._drop_outbox()
             self.sock.close()
 

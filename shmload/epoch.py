@@ -39,6 +39,20 @@ POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
 _clock = time.perf_counter
 
 
+class _Outcome:
+    """What a next() interrupted as it ended had for its caller (NOTE [ An interrupt during next() ])."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any, error: BaseException | None):
+        self.value, self.error = value, error
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class _Epoch:
     """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's,
     every ``next()`` is timed for the profiler (``profile.ConsumerClock``), and the epoch
@@ -55,6 +69,7 @@ class _Epoch:
 
     reported_len: int | None = None  # len(loader) of an iterable source, if it was asked (loader.py)
     _yielded = 0
+    _replay: _Outcome | None = None  # NOTE [ An interrupt during next() ]
 
     def _check_reported_len(self) -> None:
         """torch's warning, in its words, when a source yields more than its len() said."""
@@ -92,7 +107,45 @@ class _Epoch:
     def __next__(self) -> Any:
         # One next() at a time: threads sharing an iterator get each batch exactly once.
         with self._lock:
-            return self._next_timed()
+            return self._next_windowed()
+
+    # NOTE [ An interrupt during next() ]
+    # next() is the loader's own bookkeeping plus one wait (for the workers; with
+    # num_workers=0, the dataset's own code, which an interrupt must be able to cut), and
+    # an interrupt (Ctrl-C, or a preemption handler's SystemExit) cutting the bookkeeping
+    # in two would lose a batch or leave a slot, a task or a result half filed. So next()
+    # runs as one window (_platform.py, NOTE [ Interrupts wait for a window ]) in which
+    # only that wait is open to a signal's handler (nothing is half done there, and
+    # nothing was taken: the same batch comes next). A signal that came during the
+    # bookkeeping is handed on as next() ends, and the batch (or the dataset's exception)
+    # this next() had ready is kept and is what the following next() returns: going on
+    # with the same iterator yields every batch exactly once, and a state saved meanwhile
+    # (the handler's checkpoint) counts a kept batch as not delivered (progress.held).
+    def _next_windowed(self) -> Any:
+        replay = self._replay
+        if replay is not None:
+            self._replay = None
+            if self.progress is not None:  # (None: the epoch's start raised)
+                self.progress.held = False
+            return replay.outcome()
+        entered = _platform.defer_signals()
+        try:
+            batch = self._next_timed()
+        except BaseException as exc:
+            if _platform.raised_by_signal(exc):  # from the wait: nothing was taken
+                _platform.resume_signals(entered)
+                raise
+            self._replay = _Outcome(None, exc)  # kept if the resume below hands on an interrupt that raises
+            _platform.resume_signals(entered)
+            self._replay = None
+            raise
+        progress = self.progress
+        self._replay = _Outcome(batch, None)
+        progress.held = True  # until handed over: a state saved by the interrupt's handler has it to come
+        _platform.resume_signals(entered)
+        progress.held = False
+        self._replay = None
+        return batch
 
     def _next_timed(self) -> Any:
         clock = self._profile.consumer
@@ -148,8 +201,17 @@ class SingleProcessEpoch(_Epoch):
             if planned is None:
                 self.progress.finished = True
                 raise StopIteration
-            self.schedule.commit()
+            # The task is taken only once its load ended, in a batch or in the dataset's
+            # exception (raised at its position, as with workers). An interrupt cutting
+            # the dataset's code (NOTE [ An interrupt during next() ]) leaves it planned,
+            # so the next next() loads the same batch again, with the same seeds, as the
+            # saved state (which did not count it as delivered) says. A stream's draw
+            # cannot be taken back from the source, so it is taken at once.
+            if type(planned.load) is Draw:
+                self.schedule.commit()
             batch = self._load(planned)
+            if type(planned.load) is not Draw:
+                self.schedule.commit()
             if batch is not ENDED:
                 return batch
 
@@ -167,8 +229,9 @@ class SingleProcessEpoch(_Epoch):
         try:
             with seeding.preserved_globals():
                 try:
-                    plan = load_batch(self._source, self.epoch, seq, load, self._key, timer,
-                                      parts=self._cfg.parts_at(seq, self._length))
+                    with _platform.interruptible():  # the dataset's and collate_fn's code
+                        plan = load_batch(self._source, self.epoch, seq, load, self._key, timer,
+                                          parts=self._cfg.parts_at(seq, self._length))
                     point = self._stream.point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
@@ -184,9 +247,12 @@ class SingleProcessEpoch(_Epoch):
             self._nbytes = timer.nbytes = plan.layout.nbytes
             self._consumed(seq, draw, point)
             return batch
-        except Exception:
-            # raised at its position: consumed all the same, the next next() goes on. (Not
-            # so a KeyboardInterrupt: a state saved then must still hold this batch.)
+        except Exception as exc:
+            if _platform.raised_by_signal(exc):  # an interrupt, not the batch's error
+                raise
+            # raised at its position: consumed all the same, the next next() goes on
+            if draw is None:
+                self.schedule.commit()
             self._consumed(seq, draw, None)
             raise
         finally:
@@ -200,20 +266,6 @@ class SingleProcessEpoch(_Epoch):
 
 
 
-class _Outcome:
-    """What a next() interrupted as it ended had for its caller (NOTE [ A Ctrl-C during next() ])."""
-
-    __slots__ = ("value", "error")
-
-    def __init__(self, value: Any, error: BaseException | None):
-        self.value, self.error = value, error
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 _LATER = object()  # MultiprocessEpoch._spans: dispatch this batch later
 HOLD_BACK_MIN = 0.005  # seconds: a batch loaded faster is never held back at an epoch's end (_fast)
 
@@ -225,48 +277,21 @@ class MultiprocessEpoch(_Epoch):
         self._profile = profile
         self._cfg, self._session = cfg, session
         self._claim, self._length = claim, length
-        self._iteration = session.begin_iteration()
+        self._lock = session.lock  # NOTE [ Threads sharing a session ] (session.py)
+        with _platform.interruptible():  # (a wait for another thread's next(), nothing half done)
+            self._lock.acquire()
+        try:
+            self._iteration = session.begin_iteration()
+        finally:
+            self._lock.release()
         self._reorder = ReorderBuffer(cfg.in_order)
         self._exhausted = False
         # Non-persistent workers live as long as this iterator: break, del, garbage
         # collection and interpreter exit all stop them.
         self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
         self._done = False
-        self._lock = threading.Lock()
-        self._replay: _Outcome | None = None  # NOTE [ A Ctrl-C during next() ]
         self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
         self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
-
-    # NOTE [ A Ctrl-C during next() ]
-    # With workers, next() is the loader's own bookkeeping plus one wait, and a Ctrl-C
-    # cutting the bookkeeping in two would lose a batch or leave a slot, a task or a
-    # result half filed. So next() runs as one window (_platform.py, NOTE [ Ctrl-C waits
-    # for a window ]) in which only the wait for workers is open to a KeyboardInterrupt
-    # (nothing is half done there). A Ctrl-C that came during the bookkeeping is raised
-    # as next() ends, and the batch (or the dataset's exception) this next() had ready is
-    # kept and is what the following next() returns: going on with the same iterator
-    # yields every batch exactly once. (With num_workers=0 the time goes to the user's
-    # __getitem__, which a Ctrl-C must be able to interrupt: no window there.)
-    def _next_timed(self) -> Any:
-        replay = self._replay
-        if replay is not None:
-            self._replay = None
-            return replay.outcome()
-        entered = _platform.defer_sigint()
-        try:
-            batch = _Epoch._next_timed(self)
-        except KeyboardInterrupt:  # from the wait: nothing was taken
-            _platform.resume_sigint(entered)
-            raise
-        except BaseException as exc:
-            self._replay = _Outcome(None, exc)  # kept if the resume below raises a deferred Ctrl-C
-            _platform.resume_sigint(entered)
-            self._replay = None
-            raise
-        self._replay = _Outcome(batch, None)
-        _platform.resume_sigint(entered)
-        self._replay = None
-        return batch
 
     def _produce(self) -> Any:
         if self._done:
@@ -428,4 +453,7 @@ class MultiprocessEpoch(_Epoch):
     def _finish(self) -> None:
         self._done = True
         if self._stop is not None:
-            self._stop()  # workers stop at the end of the epoch, as torch's do
+            # workers stop at the end of the epoch, as torch's do; the finalizer stays armed
+            # until close() has finished (NOTE [ A close() that did not finish ], session.py)
+            self._session.close()
+            self._stop.detach()

@@ -311,7 +311,7 @@ class DataLoader:
             return self._resume  # loaded, not used yet
         self._sync_distributed()
         current = self._progress
-        live = current is not None and not current.finished
+        live = current is not None and current.saveable
         if self._iterable:
             if live:
                 self._saveable(_resume.capture(self._source, kind="iterable source"), "iterable source")

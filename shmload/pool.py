@@ -10,6 +10,7 @@ forked child's pool starts its own workers.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -32,29 +33,46 @@ class SessionPool:
         self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
         self.profile = Profile()  # always on: see profiler/profile.py and loader.stats()
         self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
+        # Two threads' iter() must not both start a persistent session, nor one close the
+        # session another's iterator is using (NOTE [ Threads sharing a session ]).
+        self._opening = threading.Lock()
 
     def open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                    loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
         """The iterator of the next epoch, with its session (started now, as torch's
         ``iter()`` starts its workers) or none for ``num_workers=0``."""
+        with _platform.interruptible():  # (waiting for another thread's iter(), nothing half done)
+            self._opening.acquire()
+        try:
+            return self._open_epoch(cfg, claim, length, loader)
+        finally:
+            self._opening.release()
+
+    def _open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                    loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
         if self.persistent is not None and not owned_here(self.persistent.owner_pid):
             self.persistent = None  # inherited through a fork: those workers are not ours
             self.live = weakref.WeakSet()
         if self.persistent is not None and self.persistent.cfg is not cfg:
-            self.persistent.close()  # settings changed since its workers started
+            with _platform.interruptible():  # an older iterator's next() in progress ends first
+                self.persistent.lock.acquire()
+            try:
+                self.persistent.close()  # settings changed since its workers started
+            finally:
+                self.persistent.lock.release()
             self.persistent = None
         if cfg.num_workers == 0:
             if cfg.iterable and self.stream is None:
                 self.stream = Stream(cfg.dataset)  # reset_state(), once per loader
             return SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
-        # Starting workers is one window (_platform.py, NOTE [ Ctrl-C waits for a window ]):
-        # a Ctrl-C is raised once the session is whole and owned, by the loader (persistent)
-        # or by the iterator, whose finalizer closes it.
-        entered = _platform.defer_sigint()
+        # Starting workers is one window (_platform.py, NOTE [ Interrupts wait for a window ]):
+        # an interrupt is handed on once the session is whole and owned, by the loader
+        # (persistent) or by the iterator, whose finalizer closes it.
+        entered = _platform.defer_signals()
         try:
             return self._multiprocess_epoch(cfg, claim, length, loader)
         finally:
-            _platform.resume_sigint(entered)
+            _platform.resume_signals(entered)
 
     def _multiprocess_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                             loader: Any) -> MultiprocessEpoch:

@@ -16,6 +16,15 @@ class _Progress:
 
     epoch = 0
     finished = False  # the epoch ran to its end (StopIteration)
+    # The batch recorded last is kept for the next next(), not handed over yet: an
+    # interrupt was handed on as the next() that loaded it ended (NOTE [ An interrupt
+    # during next() ], epoch.py). A state saved meanwhile counts it as not delivered.
+    held = False
+
+    @property
+    def saveable(self) -> bool:
+        """Does a state saved now describe this epoch (not the start of the next)?"""
+        return not self.finished or self.held
 
 
 class BatchProgress(_Progress):
@@ -29,9 +38,22 @@ class BatchProgress(_Progress):
         self.beyond = set(beyond)
         self._settle()
 
+    last = -1  # the position recorded last
+
     def record(self, seq: int, stream: Any) -> None:
         """The batch at position ``seq`` was delivered (or raised at its position)."""
+        self.last = seq
         self.delivered(seq)
+
+    def saved(self) -> tuple[int, list[int]]:
+        """(next batch, positions delivered beyond it) as a saved state says them: without
+        a held batch."""
+        s = self.last
+        if not self.held or s < 0:
+            return self.next_batch, sorted(self.beyond)
+        if s >= self.next_batch:
+            return self.next_batch, sorted(self.beyond - {s})
+        return s, sorted(self.beyond.union(range(s + 1, self.next_batch)))
 
     def delivered(self, seq: int) -> None:
         if seq == self.next_batch:
@@ -72,7 +94,17 @@ class StreamProgress(_Progress):
         """A draw was delivered (or raised at its position): ``stream`` is its worker and
         the stream's position after it."""
         worker, point = stream
+        self._undo = (worker, self.draws[worker], self.states[worker], self.next_worker)
         self.delivered(worker, point.draws, point.state)
+
+    _undo: tuple[int, int, Any, int] | None = None  # the stream's record before the last draw
+
+    def saved(self) -> tuple[list[int], list[Any], int]:
+        """(draws, states, next worker) as a saved state says them: without a held draw."""
+        draws, states, next_worker = list(self.draws), list(self.states), self.next_worker
+        if self.held and self._undo is not None:
+            worker, draws[worker], states[worker], next_worker = self._undo
+        return draws, states, next_worker
 
     def delivered(self, worker: int, draws: int, state: Any) -> None:
         self.draws[worker] = draws

@@ -36,10 +36,9 @@ KEY = "shmload_loader_state"  # the format version's key, which marks a dict as 
 
 
 def map_state(epoch: int, seed: int, sampler_state: Any, progress: BatchProgress | None, batching: dict) -> dict:
+    next_batch, beyond = progress.saved() if progress else (0, [])
     return {KEY: FORMAT, "kind": "map", "epoch": epoch, "seed": seed, "batching": batching,
-            "next_batch": progress.next_batch if progress else 0,
-            "delivered_beyond": sorted(progress.beyond) if progress else [],
-            "sampler": sampler_state}
+            "next_batch": next_batch, "delivered_beyond": beyond, "sampler": sampler_state}
 
 
 def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress | None, batching: dict,
@@ -48,9 +47,10 @@ def stream_state(epoch: int, seed: int, streams: int, progress: StreamProgress |
     shuffled position means something under (absent from states saved before them)."""
     if progress is None:
         progress = StreamProgress(streams)
+    draws, states, next_worker = progress.saved()
     return {KEY: FORMAT, "kind": "iterable", "epoch": epoch, "seed": seed, "batching": batching, "streams": [
-        {"draws": progress.draws[w], "state": progress.states[w], "ended": w in progress.ended}
-        for w in range(streams)], "next_worker": progress.next_worker, "shuffle_buffer": shuffle.buffer,
+        {"draws": draws[w], "state": states[w], "ended": w in progress.ended}
+        for w in range(streams)], "next_worker": next_worker, "shuffle_buffer": shuffle.buffer,
         "parts_seed": shuffle.parts_seed, "world": [shuffle.world_size, shuffle.world_rank]}
 
 

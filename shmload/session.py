@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 from typing import Any, NamedTuple
 
@@ -68,6 +69,7 @@ class Session:
         self.restarts = restarts if restarts is not None else RestartBudget()
         self.owner_pid = os.getpid()
         self.iteration = 0
+        self.lock = threading.Lock()  # NOTE [ Threads sharing a session ]
         self.closed = False
         self._released = False  # NOTE [ A close() that did not finish ]
         self._cpu: dict | None = None  # the workers' CPU seconds, read as close() begins
@@ -203,9 +205,21 @@ class Session:
             self.supervisor.send(h.id, Detach(seg.id))
 
     # ------------------------------------------------------------ epochs
+    # NOTE [ Threads sharing a session ]
+    # With persistent_workers=True every iter() of the loader gets an iterator over the
+    # same session: one set of workers, queues, ring slots and results in flight. Two
+    # threads each running `for b in loader` would otherwise poll the same workers at
+    # once and file each other's results (batches of the other epoch or of zeros, a
+    # sequence number "arrived twice", a half-done reassignment). So an iterator's
+    # next() and a new iterator's begin_iteration() run under the session's one lock: a
+    # newer iter() waits for the older iterator's next() in progress to return, then
+    # takes over, and the older iterator's following next() sees a newer iteration and
+    # raises its clear ShmloadError. A non-persistent session has one iterator, for which
+    # the lock is what keeps threads sharing that iterator to one next() at a time.
     def begin_iteration(self) -> int:
-        """Start a new iteration. What an abandoned one left is given back: batches that
-        were ready but never yielded, and batches still waiting for a larger slot."""
+        """Start a new iteration (under :attr:`lock`). What an abandoned one left is given
+        back: batches that were ready but never yielded, and batches still waiting for a
+        larger slot."""
         if self.closed:
             raise ShmloadError("this loader's workers were shut down (close() was called, or a worker failed)")
         self.iteration += 1
@@ -437,30 +451,43 @@ class Session:
 
     # ------------------------------------------------------------ closing
     # NOTE [ A close() that did not finish ]
-    # A Ctrl-C can land anywhere in close(), and the user (or the loader's finalizer)
-    # calls close() again. So close() marks the session closed at once (no more batches
-    # from it) but counts it released only at its very end, and every step is idempotent:
-    # the next call does what the interrupted one did not. The workers' CPU times are read
-    # before they stop (a reaped process has none), in a window of its own.
+    # An interrupt (Ctrl-C, a preemption handler's SystemExit) can come at any moment of
+    # close(), and the user, the iterator's or the loader's finalizer, or interpreter exit
+    # calls close() again. So close() runs as one window (NOTE [ Interrupts wait for a
+    # window ], _platform.py): a descriptor is never closed but still listed, nor a worker
+    # reaped but still believed alive. Only the waits for workers to exit are open to an
+    # interrupt (supervisor._reap), with nothing half done. close() marks the session
+    # closed at once (no more batches from it) but counts it released only at its very
+    # end, and every step is idempotent: the next call does what the interrupted one did
+    # not. The workers' CPU times are read before they stop (a reaped process has none).
     def close(self) -> None:
         if self._released or not owned_here(self.owner_pid):
             return
-        self.closed = True
-        if self._cpu is None:
-            with _platform.sigint_deferred():  # psutil's reads, whole (a Ctrl-C cut would leave a file open)
-                self._cpu = ({wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
-                             if self.profile is not None else {})
-        try:
-            if self.supervisor is not None:  # (None: the session's start was interrupted)
-                self.supervisor.shutdown()
-        finally:
+        with _platform.signals_deferred():
+            self.closed = True
+            if self._cpu is None:
+                self._cpu = self._workers_cpu()
             try:
-                if self.profile is not None and self.board is not None:
-                    self.profile.retire(self, self._cpu)  # after shutdown: the workers' last batches are in
+                if self.supervisor is not None:  # (None: the session's start was interrupted)
+                    self.supervisor.shutdown()
             finally:
-                self._close_board()
-                self.ring.close()
-        self._released = True
+                try:
+                    if self.profile is not None and self.board is not None:
+                        self.profile.retire(self, self._cpu)  # after shutdown: the workers' last batches are in
+                finally:
+                    self._close_board()
+                    self.ring.close()
+            self._released = True
+
+    def _workers_cpu(self) -> dict[int, tuple[int, float | None]]:
+        """Worker id -> (pid, CPU seconds), for the profile; {} if it cannot be read: the
+        profile must never keep close() from releasing what it holds."""
+        if self.profile is None:
+            return {}
+        try:
+            return {wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
+        except Exception:
+            return {}
 
     def describe_ring(self) -> str:
         r = self.ring

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from ._platform import MAP_FLAGS, limit_text, sigint_deferred, too_many_files
+from ._platform import MAP_FLAGS, limit_text, signals_blocked, signals_deferred, too_many_files
 from .errors import SharedMemoryError, format_bytes
 from .pinning import Pinner, PinnedRegion
 
@@ -69,27 +69,31 @@ def _shortage(size: int, cause: OSError) -> SharedMemoryError:
 
 
 def _open_unlinked() -> int:
+    """A descriptor of a new POSIX segment whose name is already gone. The name lives from
+    shm_open to shm_unlink: no signal acts there, not even one whose default action ends
+    the process (NOTE [ Interrupts wait for a window ], _platform.py)."""
     import posix_ipc
 
     for _ in range(8):
         name = NAME_PREFIX + secrets.token_hex(12)
-        try:
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
-        except posix_ipc.ExistentialError:
-            continue  # 96 random bits collided: astronomically unlikely, but try another
-        except (posix_ipc.Error, OSError) as exc:
-            if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc):
-                raise too_many_files(exc) from None
-            raise SharedMemoryError(f"could not create shared memory in {SHM_DIR}: {exc}") from exc
-        try:
-            shm.unlink()
-            return os.dup(shm.fd)
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                raise too_many_files(exc) from None
-            raise
-        finally:
-            shm.close_fd()
+        with signals_blocked():
+            try:
+                shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
+            except posix_ipc.ExistentialError:
+                continue  # 96 random bits collided: astronomically unlikely, but try another
+            except (posix_ipc.Error, OSError) as exc:
+                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc):
+                    raise too_many_files(exc) from None
+                raise SharedMemoryError(f"could not create shared memory in {SHM_DIR}: {exc}") from exc
+            try:
+                shm.unlink()
+                return os.dup(shm.fd)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    raise too_many_files(exc) from None
+                raise
+            finally:
+                shm.close_fd()
     raise SharedMemoryError("could not find an unused shared-memory name")
 
 
@@ -137,9 +141,9 @@ class Segment:
         self.fd = -1
         self._pinned: PinnedRegion | None = None
         # From shm_open to the last attribute set, a Ctrl-C would leave a name in /dev/shm
-        # or a descriptor no object owns: it waits (NOTE [ Ctrl-C waits for a window ]).
+        # or a descriptor no object owns: it waits (NOTE [ Interrupts wait for a window ]).
         try:
-            with sigint_deferred():
+            with signals_deferred():
                 fd = _create_anonymous(size)
                 try:
                     self.mmap = _map(fd, size)
@@ -156,7 +160,7 @@ class Segment:
                 # a segment dropped without close() (a Ctrl-C between its creation and its
                 # owner's bookkeeping) still gives its descriptor back
                 self._fd_closer = weakref.finalize(self, os.close, fd)
-        except KeyboardInterrupt:  # delivered as the window closed: the segment is whole
+        except BaseException:  # (an interrupt handed on as the window closed: the segment is whole)
             if self.fd >= 0:
                 self.close()
             raise

@@ -113,7 +113,7 @@ class Supervisor:
             self._control_segment = Segment(-1, ControlBlock.size(num_workers))
             self.control = ControlBlock(self._control_segment.mmap, num_workers)
             for wid in range(num_workers):
-                # a started process is in the list before a Ctrl-C can land (NOTE [ Ctrl-C waits for a window ])
+                # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
                 with _platform.start_window():
                     self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
         except BaseException:
@@ -232,7 +232,7 @@ class Supervisor:
         self._overflow[wid].clear()
         self._frames[wid].clear()
         self._awaiting[wid] = False
-        with _platform.start_window():  # NOTE [ Ctrl-C waits for a window ] (_platform.py)
+        with _platform.start_window():  # NOTE [ Interrupts wait for a window ] (_platform.py)
             self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
 
@@ -349,7 +349,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ stopping
     def shutdown(self) -> None:
-        """Stop every worker. Idempotent, so that a shutdown interrupted by a Ctrl-C is
+        """Stop every worker. Idempotent, so that a shutdown interrupted in its waits is
         finished by the next call (session.py, NOTE [ A close() that did not finish ])."""
         for h in self.workers:
             if h.channel is None:
@@ -377,14 +377,15 @@ class Supervisor:
 
     def _reap(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.
-        The wait is open to a Ctrl-C; reaping is not: a KeyboardInterrupt between waitpid()
-        and multiprocessing's note of it would leave a process that multiprocessing
-        believes alive for ever (NOTE [ Ctrl-C waits for a window ], _platform.py)."""
+        The wait is open to an interrupt; reaping is not: a KeyboardInterrupt between
+        waitpid() and multiprocessing's note of it would leave a process that
+        multiprocessing believes alive for ever (NOTE [ Interrupts wait for a window ],
+        _platform.py)."""
         deadline = time.monotonic() + timeout
         while True:
             running = [h for h in self.workers if not h.reaped]
             for h in running:
-                with _platform.sigint_deferred():
+                with _platform.signals_deferred():
                     code = h.process.exitcode  # waitpid(WNOHANG)
                     if code is not None:
                         if h.exitcode is None:
@@ -396,7 +397,8 @@ class Supervisor:
             left = deadline - time.monotonic()
             if not running or left <= 0:
                 return
-            connection.wait([h.death_fd for h in running], left)
+            with _platform.interruptible():  # the one wait of close(): nothing is half done here
+                connection.wait([h.death_fd for h in running], left)
 
     @property
     def pids(self) -> list[int]:

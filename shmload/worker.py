@@ -94,7 +94,7 @@ def worker_main(args: WorkerArgs) -> None:
     """Process entry point. Ctrl-C is the main process's to handle: workers ignore SIGINT,
     so an interrupted run prints one traceback, not one per worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # started with SIGINT blocked (NOTE [ Ctrl-C waits for a window ], _platform.py): a
+    # started with SIGINT blocked (NOTE [ Interrupts wait for a window ], _platform.py): a
     # Ctrl-C that came meanwhile is now ignored, not a traceback from this worker
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_exit_when_orphaned, args=(args.conn.fileno(),), name="shmload-orphan-watch",

@@ -48,11 +48,12 @@ def _fds() -> int:
 
 
 class _Interrupt:
-    """A real Ctrl-C: SIGINT sent to this process by another thread after ``delay`` seconds
-    (Python raises the KeyboardInterrupt in the main thread, wherever it is then)."""
+    """A real Ctrl-C (or ``signum``): the signal sent to this process by another thread
+    after ``delay`` seconds (Python runs its handler in the main thread, wherever it is
+    then: a KeyboardInterrupt, or what the handler raises)."""
 
-    def __init__(self, delay: float):
-        self._timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+    def __init__(self, delay: float, signum: int = signal.SIGINT):
+        self._timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
 
     def __enter__(self):
         self._timer.start()

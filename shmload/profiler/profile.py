@@ -23,6 +23,10 @@ import weakref
 from typing import Any, Protocol
 
 import numpy as np
+# At import, not in cpu_seconds(): close() reads the workers' CPU times, and a close()
+# run by a finalizer during the first `import psutil` (the garbage collector runs them
+# anywhere) found a half-initialized module and stopped part-way.
+import psutil
 
 from .._platform import usable_cpus
 from . import counters
@@ -136,8 +140,6 @@ class ConsumerClock:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    import psutil
-
     try:
         t = psutil.Process(pid).cpu_times()
     except (psutil.Error, OSError):
@@ -167,8 +169,6 @@ def machine_cpu_seconds(cpus: set[int]) -> float | None:
 
 
 def _memory(pid: int) -> tuple[int | None, int | None, int | None]:
-    import psutil
-
     try:
         info = psutil.Process(pid).memory_full_info()
     except (psutil.Error, OSError):

@@ -1,0 +1,336 @@
+"""Issue 32, the main process's side: threads on a persistent loader, an interrupted
+next() with num_workers=0, a finalizer during an import, each reproduced through the
+public API."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shmload import DataLoader, ShmloadError
+
+from .helpers import RangeDataset
+from .test_hardening_process import _children, _fds, _Interrupt, _our_entries
+
+
+class _JitteryDataset:
+    """Sample i is [i, i, i, i]; some samples take a millisecond, so threads interleave."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i % 5 == 0:
+            time.sleep(0.001)
+        return np.full(4, i, np.int64)
+
+
+_TAKEN_OVER = r"^this iterator can no longer be used: a newer iter\(\) of the same loader"
+
+
+def test_threads_iterating_one_persistent_loader_get_whole_epochs_or_the_clear_error():
+    """Two threads each run `for b in loader` on one persistent loader, many rounds with
+    random pauses: every epoch a thread finishes is whole and correct, and a thread whose
+    iterator was taken over gets the documented ShmloadError, nothing else (before: other
+    epochs' batches, zeros, ReorderError, KeyError, workers dying at start-up)."""
+    rng = random.Random(32)
+    finished = 0
+    for _ in range(12):
+        outcomes: list = []
+
+        def run(pause: float) -> None:
+            for _ in range(3):
+                time.sleep(pause)
+                try:
+                    rows = [b[:, 0].tolist() for b in loader]
+                except ShmloadError as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append([x for r in rows for x in r])
+        with DataLoader(_JitteryDataset(), batch_size=6, num_workers=2, persistent_workers=True,
+                        timeout=30) as loader:
+            threads = [threading.Thread(target=run, args=(rng.random() * 0.004,)) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not any(t.is_alive() for t in threads)
+        assert len(outcomes) == 6
+        for outcome in outcomes:
+            if isinstance(outcome, ShmloadError):
+                assert re.match(_TAKEN_OVER, str(outcome)), outcome
+            else:
+                assert outcome == list(range(48))
+                finished += 1
+    assert finished >= 12  # each round's last iterator runs to its end
+
+
+# ---------------------------------------------------------------- interrupts
+class _PreemptionHandler:
+    """What cluster jobs install: SIGTERM's handler raises SystemExit. Restored after."""
+
+    def __enter__(self):
+        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    @staticmethod
+    def _handler(signum, frame):
+        raise SystemExit(143)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+_KINDS = {"ctrl-c": (signal.SIGINT, KeyboardInterrupt), "preemption": (signal.SIGTERM, SystemExit)}
+
+
+class _SelfInterruptingDataset:
+    """Sample i is i; loading sample ``at`` the first time sends this process ``signum``,
+    so its handler raises inside __getitem__, deterministically."""
+
+    def __init__(self, n: int, at: int, signum: int):
+        self.n, self.at, self.signum, self.sent = n, at, signum, False
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+            time.sleep(1)  # (the handler runs at once, in the call above or here)
+        return i
+
+
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+def test_an_interrupted_batch_is_the_next_one_with_num_workers_0(kind):
+    """Before: the interrupted batch was skipped (next() returned the one after it) while
+    state_dict() counted it as not delivered."""
+    signum, raised = _KINDS[kind]
+    loader = DataLoader(_SelfInterruptingDataset(20, at=9, signum=signum), batch_size=4)
+    it = iter(loader)
+    got = [next(it).tolist(), next(it).tolist()]
+    with _PreemptionHandler(), pytest.raises(raised):
+        next(it)
+    state = loader.state_dict()
+    got += [b.tolist() for b in it]
+    assert got == [[i, i + 1, i + 2, i + 3] for i in range(0, 20, 4)]
+    resumed = DataLoader(_SelfInterruptingDataset(20, at=-1, signum=signum), batch_size=4)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == got[2:]
+
+
+def test_a_dataset_error_is_still_raised_at_its_position_with_num_workers_0():
+    """An exception of the dataset's own is the batch's (torch's rule), not an interrupt:
+    the next next() goes on with the batch after it."""
+    class Failing(_SelfInterruptingDataset):
+        def __getitem__(self, i):
+            if i == 5:
+                raise ValueError("sample 5 is broken")
+            return i
+    it = iter(DataLoader(Failing(12, -1, 0), batch_size=4))
+    assert next(it).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="^sample 5 is broken$"):
+        next(it)
+    assert next(it).tolist() == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+def test_interrupts_inside_next_then_going_on_yields_every_batch_exactly_once(kind):
+    """NOTE [ An interrupt during next() ] (epoch.py), for a preemption handler's
+    SystemExit as for Ctrl-C."""
+    signum, raised = _KINDS[kind]
+    rng = random.Random(32)
+    got: list[list[int]] = []
+    interrupts = 0
+    with _PreemptionHandler(), DataLoader(RangeDataset(300), batch_size=2, num_workers=2, timeout=20,
+                                          prefetch_factor=4) as loader:
+        it = iter(loader)
+        b = None
+        while True:
+            try:
+                with _Interrupt(rng.uniform(0.0, 0.002), signum):
+                    for b in it:
+                        got.append(b.tolist())
+                        time.sleep(0.0002)
+                break
+            except raised:
+                interrupts += 1
+                if b is not None and (not got or got[-1] != b.tolist()):
+                    got.append(b.tolist())  # bound by the for-loop before the interrupt landed
+    assert interrupts >= 15
+    assert got == [[i, i + 1] for i in range(0, 300, 2)]
+
+
+class _GrowingDataset:
+    """Sample i holds (i // 2 + 1) * 20,000 bytes: each batch of 2 needs a larger ring slot."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full((i // 2 + 1) * 2500, i, np.int64)
+
+
+def _one_round(method: str, stop: float | None) -> None:
+    """Start-up, an epoch whose ring grows at every batch, close(): with a SIGTERM whose
+    handler raises SystemExit after ``stop`` seconds (None: none). A SystemExit is caught
+    and close() called again, as a job that saves a checkpoint on preemption would."""
+    loader = DataLoader(_GrowingDataset(), batch_size=2, num_workers=2, multiprocessing_context=method,
+                        timeout=30, persistent_workers=True)
+    it = None
+    try:
+        with _Interrupt(stop if stop is not None else 3600, signal.SIGTERM):
+            it = iter(loader)
+            for k, b in enumerate(it):
+                assert b[:, 0].tolist() == [2 * k, 2 * k + 1] and b.shape[1] == (k + 1) * 2500
+            loader.close()
+            if stop is not None:
+                time.sleep(max(0.0, stop + 0.05))  # the signal lands here if the round was quicker
+    except SystemExit:
+        loader.close()
+        raise
+    finally:
+        del it, loader
+        gc.collect()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_preemption_handlers_system_exit_anywhere_leaves_nothing_behind(method):
+    """SystemExit from a SIGTERM handler at random moments of start-up, next(), ring growth
+    and close(), then close() again: nothing in /dev/shm, no descriptor, no child (the
+    autouse leak check looks too)."""
+    rounds = 40 if method == "fork" else 8
+    rng = random.Random(f"32-{method}")
+    with _PreemptionHandler():
+        began = time.monotonic()
+        _one_round(method, None)  # (also starts the fork server once)
+        span = time.monotonic() - began
+        children, fds, entries = _children(), _fds(), _our_entries()
+        landed = 0
+        for _ in range(rounds):
+            try:
+                _one_round(method, rng.uniform(0.0, span))
+            except SystemExit:
+                landed += 1
+    assert landed == rounds  # each signal landed in the round, or in its closing sleep
+    gc.collect()  # (the last SystemExit's frames are a cycle)
+    assert _our_entries() <= entries
+    assert _fds() == fds
+    assert _children() <= children
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_kept_by_an_interrupted_next_is_not_delivered_in_a_state_saved_meanwhile(num_workers):
+    """A SIGTERM landing in next()'s bookkeeping is handed on as next() ends, and the
+    batch it had is kept for the following next() (NOTE [ An interrupt during next() ]).
+    A checkpoint saved meanwhile, as a preemption handler saves one, must count that batch
+    as still to come, or a resumed run would never see it."""
+    loader = DataLoader(RangeDataset(24), batch_size=4, num_workers=num_workers, timeout=20)
+    consumer = loader._sessions.profile.consumer  # (the profiler's clock runs inside next()'s window)
+    leave, calls = consumer.leave, []
+
+    def leave_and_signal(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # deferred: the handler runs as next() ends
+        return leave(*args)
+    consumer.leave = leave_and_signal
+    with loader, _PreemptionHandler():
+        it = iter(loader)
+        got = [next(it).tolist(), next(it).tolist()]
+        with pytest.raises(SystemExit):
+            next(it)
+        state = loader.state_dict()
+        assert (state["next_batch"], state["delivered_beyond"]) == (2, [])
+        got += [b.tolist() for b in it]
+        assert got == [[i, i + 1, i + 2, i + 3] for i in range(0, 24, 4)]
+    resumed = DataLoader(RangeDataset(24), batch_size=4)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == got[2:]
+
+
+def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
+    from shmload.progress import BatchProgress
+    p = BatchProgress()
+    for seq in (0, 1, 3, 4):
+        p.record(seq, None)
+    assert p.saved() == (2, [3, 4])
+    p.held = True  # 4, delivered beyond the gap, kept
+    assert p.saved() == (2, [3])
+    p.held = False
+    p.record(2, None)  # fills the gap: next_batch jumps to 5
+    assert p.saved() == (5, [])
+    p.held = True  # 2 kept: 3 and 4 stay delivered
+    assert p.saved() == (2, [3, 4])
+
+
+def test_a_held_draw_is_taken_out_of_the_saved_streams():
+    from shmload.messages import StreamPoint
+    from shmload.progress import StreamProgress
+    p = StreamProgress(2)
+    p.record(0, (0, StreamPoint(1, "a1")))
+    p.record(1, (1, StreamPoint(1, "b1")))
+    p.record(2, (0, StreamPoint(2, "a2")))
+    assert p.saved() == ([2, 1], ["a2", "b1"], 1)
+    p.held = True
+    assert p.saved() == ([1, 1], ["a1", "b1"], 0)
+    assert (p.draws, p.states) == ([2, 1], ["a2", "b1"])  # the record itself is untouched
+
+
+# ---------------------------------------------------------------- the gate (_platform.py)
+def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
+    from shmload import _platform
+    order = []
+
+    def usr1(signum, frame):
+        order.append("usr1")
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    with _PreemptionHandler():
+        signal.signal(signal.SIGUSR1, usr1)
+        try:
+            _platform.SCAN_INTERVAL, interval = 0.0, _platform.SCAN_INTERVAL  # (look at every signal now)
+            try:
+                with pytest.raises(SystemExit) as raised:
+                    with _platform.signals_deferred():
+                        os.kill(os.getpid(), signal.SIGUSR1)
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        time.sleep(0.01)
+                        order.append("window's end")
+            finally:
+                _platform.SCAN_INTERVAL = interval
+        finally:
+            signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
+    assert order == ["window's end", "usr1"]  # in the order they came, after the window
+    assert _platform.raised_by_signal(raised.value)
+    assert not _platform.raised_by_signal(SystemExit(0)) and _platform.raised_by_signal(KeyboardInterrupt())
+    assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
+
+
+def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
+    """A gate wraps one handler: putting back a saved gate brings back its handler, not the
+    one installed meanwhile (with one shared gate, a temporary handler stayed for ever)."""
+    from shmload import _platform
+    calls = []
+    with _PreemptionHandler():
+        signal.signal(signal.SIGTERM, lambda s, f: calls.append("first"))
+        with _platform.signals_deferred():
+            pass
+        saved = signal.signal(signal.SIGTERM, lambda s, f: calls.append("second"))
+        with _platform.signals_deferred():
+            pass
+        signal.signal(signal.SIGTERM, saved)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+    assert calls == ["first"]
