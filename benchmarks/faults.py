@@ -21,13 +21,20 @@ settings:
   KeyboardInterrupt: every batch exactly once (the batch the for-loop bound before the
   interrupt is filed then, as the test does);
 - ``ctrl_c_close``: SIGINT at a random moment of ``loader.close()``, then ``close()`` again;
+- ``preempt``: as ``ctrl_c``, with what a cluster's preemption handler does instead: the
+  run installs a SIGTERM handler that raises ``SystemExit``, and SIGTERM comes at random
+  moments from ``iter()`` on (the workers' start-up included); each ``SystemExit`` is
+  caught and the same iterator taken up again (a fresh ``iter()`` if it came before the
+  first one returned): every batch exactly once;
+- ``preempt_close``: that SIGTERM at a random moment of ``loader.close()``, then ``close()``
+  again;
 - ``threads``: 2 or 3 threads share one iterator: every batch once among them;
 - ``fork``: ``os.fork()`` of the main process mid-epoch; the child runs
   multiprocessing's exit handler and ``os._exit(0)``, the parent goes on with the epoch.
 
 With persistent workers a run that ended its epoch normally loads one more, which must
 be whole. Drawn per run: the start method (fork, spawn, forkserver in 6:1:1, cycled with
-the fault kind so that every pair comes up once in 56 runs), num_workers 1-3,
+the fault kind so that every pair comes up once in 72 runs), num_workers 1-3,
 batch_size, dataset size, drop_last, shuffle, in_order, persistent_workers,
 max_worker_restarts, prefetch_factor, a per-sample delay in the workers and the fault's
 own moments. Run K of seed S is the same run whatever ``--runs`` is:
@@ -50,8 +57,8 @@ What counts, per run:
 - zombie: a child process of the run's process in zombie state at its end.
 
 Each check gives what is on its way out 3 s to go. Also counted, not failures: expected
-errors (the ``WorkerDiedError`` above) and Ctrl-C delivered (KeyboardInterrupts caught
-in the epoch, or inside the first ``close()``). ``--quick`` (24 runs, for CI)
+errors (the ``WorkerDiedError`` above) and interrupts delivered (KeyboardInterrupts or
+SystemExits caught in the epoch, or inside the first ``close()``). ``--quick`` (24 runs, for CI)
 finishes in well under two minutes on two cores. Prints a table per fault kind and per
 start method, the machine and the wall time; exits 1 if any run hung, leaked, left a
 zombie, mismatched or failed. It asserts nothing about speed.
@@ -82,8 +89,8 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-FAULTS = ("none", "early_break", "sigkill", "ctrl_c", "ctrl_c_close", "threads", "fork")
-# Mostly fork, the default on Linux; a cycle of 8 against 7 fault kinds meets every pair.
+FAULTS = ("none", "early_break", "sigkill", "ctrl_c", "ctrl_c_close", "threads", "fork", "preempt", "preempt_close")
+# Mostly fork, the default on Linux; a cycle of 8 against 9 fault kinds meets every pair.
 METHODS = ("fork", "fork", "fork", "spawn", "fork", "fork", "fork", "forkserver")
 SEGMENT = "/dev/shm/shmload-"  # shm.NAME_PREFIX: the library's only named objects
 # CPython's long-lived helpers, started by spawn and forkserver, alive until the
@@ -105,7 +112,7 @@ def draw(seed: int, k: int) -> dict[str, Any]:
     batch_size = rng.randint(1, 8)
     if fault == "none":
         n = rng.randint(1, 160)
-    elif fault in ("ctrl_c", "threads"):  # long enough for interrupts and threads to interleave
+    elif fault in ("ctrl_c", "threads", "preempt"):  # long enough for interrupts and threads to interleave
         n = rng.randint(60, 400)
     else:
         n = rng.randint(2 * batch_size, 200)
@@ -122,12 +129,12 @@ def draw(seed: int, k: int) -> dict[str, Any]:
         p["max_worker_restarts"] = 0 if (seed + k) // len(FAULTS) % 2 else rng.randint(1, 3)
         outside = p["max_worker_restarts"] > 0 and rng.random() < 0.5
         p.update(kill="outside" if outside else "inside", kill_after=cut, die_at_position=rng.randrange(n))
-    elif fault == "ctrl_c":
+    elif fault in ("ctrl_c", "preempt"):
         # log-uniform, 0.1 to 100 ms after the iterator is taken up: in the first next()
         # while workers start, in the bookkeeping of the following ones, and later on
         p.update(interrupts=[round(10 ** rng.uniform(-4, -1), 6) for _ in range(rng.randint(1, 6))],
                  step=rng.choice([0.0, 0.0002, 0.001]))
-    elif fault == "ctrl_c_close":
+    elif fault in ("ctrl_c_close", "preempt_close"):
         # close() takes 3 to 60 ms here (fork, 1 worker; spawn, 3): 50 us to 30 ms, log-uniform
         p.update(close_after=rng.randint(0, batches), interrupt=round(10 ** rng.uniform(-4.3, -1.5), 6))
     elif fault == "threads":
@@ -172,11 +179,12 @@ class Samples:
 
 
 class Interrupt:
-    """A real Ctrl-C: SIGINT to this process from a timer thread after ``delay`` seconds
-    (None: none). Python raises the KeyboardInterrupt in the main thread, wherever it is."""
+    """A real Ctrl-C (or ``signum``): the signal sent to this process from a timer thread
+    after ``delay`` seconds (None: none). Python runs its handler in the main thread,
+    wherever it is: KeyboardInterrupt, or the preemption handler's SystemExit."""
 
-    def __init__(self, delay: float | None):
-        self._timer = None if delay is None else threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+    def __init__(self, delay: float | None, signum: int = signal.SIGINT):
+        self._timer = None if delay is None else threading.Timer(delay, os.kill, (os.getpid(), signum))
 
     def __enter__(self) -> Interrupt:
         if self._timer is not None:
@@ -310,19 +318,27 @@ def kill_a_worker(scratch: str) -> int | None:
     return None
 
 
-def fault_ctrl_c(run: Run) -> None:
+def _preempted(signum: int, frame: Any) -> None:
+    """A cluster job's preemption handler: SIGTERM ends the program by SystemExit."""
+    raise SystemExit(128 + signum)
+
+
+def fault_ctrl_c(run: Run, signum: int = signal.SIGINT, raised: type = KeyboardInterrupt) -> None:
     """tests/test_hardening_process.py's test_ctrl_c_inside_next_then_going_on_..., with
-    drawn moments."""
-    pending, got, it, batch = list(run.p["interrupts"]), [], run.epoch(0), None
+    drawn moments; for ``preempt``, from iter() on (tests/test_hardening3.py)."""
+    pending, got, batch = list(run.p["interrupts"]), [], None
+    it = run.epoch(0) if signum == signal.SIGINT else None
     while True:
         try:
-            with Interrupt(pending.pop(0) if pending else None):
+            with Interrupt(pending.pop(0) if pending else None, signum):
+                if it is None:
+                    it = run.epoch(0)
                 for batch in it:
                     got.append(batch.tolist())
                     if run.p["step"]:
                         time.sleep(run.p["step"])
             break
-        except KeyboardInterrupt:
+        except raised:
             run.findings["interrupts"] += 1
             # the for-loop bound `batch` before the interrupt could land in its body: file it once
             if batch is not None and (not got or got[-1] != batch.tolist()):
@@ -332,21 +348,31 @@ def fault_ctrl_c(run: Run) -> None:
     run.another_epoch(1)
 
 
-def fault_ctrl_c_close(run: Run) -> None:
+def fault_ctrl_c_close(run: Run, signum: int = signal.SIGINT, raised: type = KeyboardInterrupt) -> None:
     it = run.epoch(0)
     run.compare(take(it, run.p["close_after"]), 0, whole=False)
     closed = None
     started = time.monotonic()
     try:
-        with Interrupt(run.p["interrupt"]):
+        with Interrupt(run.p["interrupt"], signum):
             run.loader.close()
             closed = time.monotonic() - started
             time.sleep(0.01)  # the timer fires here when close() was quicker
-    except KeyboardInterrupt:
-        if closed is None:  # (one that lands in the sleep is no Ctrl-C during close())
+    except raised:
+        if closed is None:  # (one that lands in the sleep is no interrupt during close())
             run.findings["interrupts"] += 1
     run.findings["first_close_seconds"] = closed
     run.loader.close()
+
+
+def fault_preempt(run: Run) -> None:
+    signal.signal(signal.SIGTERM, _preempted)
+    fault_ctrl_c(run, signal.SIGTERM, SystemExit)
+
+
+def fault_preempt_close(run: Run) -> None:
+    signal.signal(signal.SIGTERM, _preempted)
+    fault_ctrl_c_close(run, signal.SIGTERM, SystemExit)
 
 
 def fault_threads(run: Run) -> None:
@@ -392,7 +418,7 @@ def fault_fork(run: Run) -> None:
 
 FAULT_FUNCTIONS = {"none": fault_none, "early_break": fault_early_break, "sigkill": fault_sigkill,
                    "ctrl_c": fault_ctrl_c, "ctrl_c_close": fault_ctrl_c_close, "threads": fault_threads,
-                   "fork": fault_fork}
+                   "fork": fault_fork, "preempt": fault_preempt, "preempt_close": fault_preempt_close}
 
 
 def segments_held() -> list[str]:
@@ -531,12 +557,12 @@ def run_one(p: dict[str, Any], timeout: float) -> dict[str, Any]:
     return record
 
 
-COLUMNS = ("runs", "hangs", "leaks", "zombies", "mismatches", "errors", "expected errors", "Ctrl-C delivered")
+COLUMNS = ("runs", "hangs", "leaks", "zombies", "mismatches", "errors", "expected errors", "interrupts delivered")
 FAILURES = ("hangs", "leaks", "zombies", "mismatches", "errors")
 
 
 def verdict(record: dict[str, Any]) -> dict[str, Any]:
-    """A run's counts (each 0 or 1, Ctrl-C delivered a number) and the reasons."""
+    """A run's counts (each 0 or 1, interrupts delivered a number) and the reasons."""
     child = record["child"] or {}
     why = []
     if record["hang"]:
@@ -558,7 +584,7 @@ def verdict(record: dict[str, Any]) -> dict[str, Any]:
     counts = {"runs": 1, "hangs": int(record["hang"]), "leaks": int(bool(leaks)),
               "zombies": int(bool(child.get("zombies"))), "mismatches": int(bool(child.get("mismatches"))),
               "errors": int(bool(error)), "expected errors": int(bool(child.get("expected_error"))),
-              "Ctrl-C delivered": child.get("interrupts", 0)}
+              "interrupts delivered": child.get("interrupts", 0)}
     return {"counts": counts, "why": why}
 
 
