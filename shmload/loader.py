@@ -250,9 +250,7 @@ class DataLoader:
     def __len__(self) -> int:
         n = self._count()
         if self._iterable:
-            # you were told: an epoch yielding more warns, as torch's does, with torch's figures
-            # (it compares the batches yielded with len(dataset), and calls them samples)
-            self._reported_len = len(self._source)
+            self._reported_len = len(self._source)  # NOTE [ torch's length warning ], epoch.py
         return n
 
     def _count(self) -> int:

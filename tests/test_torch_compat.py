@@ -5,6 +5,7 @@ side-by-side checks against torch itself are marked ``torch``."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 
 import numpy as np
@@ -36,6 +37,54 @@ def test_more_workers_than_cores_is_torchs_warning_once_per_loader(monkeypatch):
         warnings.simplefilter("always")
         assert len(list(loader)) == 2
     assert not [w for w in again if "worker processes in total" in str(w.message)]
+
+
+def _said(action, about: str, how: str = "always") -> tuple:
+    """What ``action()`` returned, and the warnings it gave whose message has ``about``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter(how)
+        result = action()
+    return result, [w for w in caught if about in str(w.message)]
+
+
+class _Counting:
+    """torch's test's CountingIterableDataset: 0..n-1 in every worker, and len() ``said``
+    (n unless given)."""
+
+    def __init__(self, n, said=None):
+        self.n, self.said = n, n if said is None else said
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.said
+
+
+MORE_THAN_LEN = (r"Length of IterableDataset .* was reported to be 20\(when accessing len\(dataloader\)\), but "
+                 r"{} samples have been fetched\. {}")
+WORKER_HINT = (r"For multiprocessing data-loading, this could be caused by not properly configuring the "
+               r"IterableDataset replica at each worker\. Please see "
+               r"https://pytorch\.org/docs/stable/data\.html#torch\.utils\.data\.IterableDataset for examples\.")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_longer_than_its_len_warns_at_every_batch_past_it_as_torch(workers):
+    """torch's own test: nothing before len(loader) is asked, nothing up to the length,
+    then a warning at every next() (NOTE [ torch's length warning ])."""
+    source = _Counting(20) if workers else _Counting(30, said=20)  # (each of 2 workers yields 20)
+    loader = DataLoader(source, batch_size=None, num_workers=workers, timeout=30)
+    it = iter(loader)
+    assert not _said(lambda: [next(it) for _ in range(30 if workers == 0 else 40)], "Length of")[1]
+    assert len(loader) == 20
+    it = iter(loader)
+    assert not _said(lambda: [next(it) for _ in range(20)], "Length of")[1]
+    for k in range(21, 24):
+        _, said = _said(lambda: next(it), "Length of")
+        assert [re.fullmatch(MORE_THAN_LEN.format(k, WORKER_HINT if workers else ""), str(w.message)) is not None
+                for w in said] == [True]
+        assert said[0].filename == __file__  # the line that called next(), as torch's
+    del it
 
 
 def test_a_stream_longer_than_its_len_is_torchs_warning_once_len_was_asked():
@@ -91,32 +140,40 @@ def test_torch_gives_the_same_warnings_in_the_same_words(monkeypatch):
 
 
 class _SameInEveryWorker:
-    """An IterableDataset not sharded by worker: each of 2 workers yields 0..4 (torch's
-    warning case)."""
+    """An IterableDataset not sharded by worker: each worker yields 0..4 (torch's warning
+    case), and len() says 3."""
 
     def __iter__(self):
         return iter(range(5))
 
     def __len__(self):
-        return 5
+        return 3
 
 
 @pytest.mark.torch
 @needs_torch
-def test_the_length_warning_has_torchs_figures_side_by_side():
+@pytest.mark.parametrize("kw", [dict(batch_size=None), dict(batch_size=1), dict(batch_size=2, num_workers=2),
+                                dict(batch_size=None, num_workers=2), dict(batch_size=1, num_workers=1)])
+def test_the_length_warning_is_torchs_side_by_side(kw):
+    """The same warnings, word for word, at the same batches, before and after len()."""
     import torch
 
     class Source(_SameInEveryWorker, torch.utils.data.IterableDataset):
         def __repr__(self):
             return "Source()"
 
-    def warned(make):
-        loader = make(Source())
+    def warned(loader):
+        def epoch():
+            said = []
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in loader:
+                    said.append([str(w.message) for w in caught if "Length of" in str(w.message)])
+                    caught.clear()
+            return said
+        before = epoch()
         len(loader)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            list(loader)
-        return [str(w.message).split(" For multiprocessing")[0] for w in caught if "Length of" in str(w.message)]
-    ours = warned(lambda ds: DataLoader(ds, batch_size=2, num_workers=2, timeout=30))
-    theirs = warned(lambda ds: torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))
-    assert ours == theirs and ours[0].startswith("Length of IterableDataset Source() was reported to be 5(when")
+        return before, epoch(), epoch()
+    ours = warned(DataLoader(Source(), timeout=30, **kw))
+    theirs = warned(torch.utils.data.DataLoader(Source(), **kw))
+    assert ours == theirs and any(ours[1]) and not any(ours[0])
