@@ -20,7 +20,7 @@ from . import _platform, pinning, seeding, sharding
 from . import resume as _resume
 from ._checks import check_int
 from .collate import default_collate
-from .config import LoaderConfig, check_arguments, check_settings, iter_warnings
+from .config import LoaderConfig, check_arguments, check_settings, iter_warnings, warn_too_many_workers
 from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import ShmloadWarning
@@ -117,6 +117,7 @@ class DataLoader:
         self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
+        warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
         self._next_epoch = 0  # the epoch the next iterator claims at its first batch
         self._resume: dict | None = None  # a loaded state, for the next epoch to begin
         self._progress: Any = None  # the newest iterator's record (resume.py), kept when it is gone; None: not begun
@@ -182,6 +183,8 @@ class DataLoader:
             self._check_resume(cfg)  # at once, as well as when the epoch begins
         length = self._length()
         self._warn_as_torch(cfg)
+        if self._sessions.starts_workers(cfg):
+            warn_too_many_workers(cfg.num_workers)  # as torch's iter() (NOTE in config.py)
         it = self._sessions.open_epoch(cfg, functools.partial(self._claim, cfg), length, self)
         self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
         it.reported_len = self._reported_len  # an iterable source's len(), if len(loader) was asked

@@ -5,19 +5,22 @@ side-by-side checks against torch itself are marked ``torch``."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import warnings
 
 import numpy as np
 import pytest
 
-from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler, _platform
+from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from .helpers import RangeDataset, WorkerStreams
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-TOO_MANY = r"This DataLoader will create 2 worker processes in total\. Our suggested max number of worker in current " \
-           r"system is 1, which is smaller than what this DataLoader is going to create\."
+TOO_MANY = ("This DataLoader will create 2 worker processes in total. Our suggested max number of worker in current "
+            "system is 1, which is smaller than what this DataLoader is going to create. Please be aware that "
+            "excessive worker creation might get DataLoader running slow or even freeze, lower the worker number to "
+            "avoid potential slowness/freeze if necessary.")
 
 
 def test_the_loader_and_samplers_take_type_parameters_as_torchs_do():
@@ -28,23 +31,58 @@ def test_the_loader_and_samplers_take_type_parameters_as_torchs_do():
         assert sampler[int].__origin__ is sampler
 
 
-def test_more_workers_than_cores_is_torchs_warning_once_per_loader(monkeypatch):
-    monkeypatch.setattr(_platform, "usable_cores", lambda: 1)
-    loader = DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30)
-    with pytest.warns(UserWarning, match=TOO_MANY):
-        assert len(list(loader)) == 2
-    with warnings.catch_warnings(record=True) as again:
-        warnings.simplefilter("always")
-        assert len(list(loader)) == 2
-    assert not [w for w in again if "worker processes in total" in str(w.message)]
-
-
 def _said(action, about: str, how: str = "always") -> tuple:
     """What ``action()`` returned, and the warnings it gave whose message has ``about``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter(how)
         result = action()
     return result, [w for w in caught if about in str(w.message)]
+
+
+def test_more_workers_than_cores_is_torchs_warning_at_construction_and_when_workers_start(monkeypatch):
+    """torch's check_worker_number_rationality: at construction, and at every iter() that
+    starts workers (a persistent loader's first only), in torch's words; attributed to the
+    loader's own lines as torch's are to its own (NOTE [ torch's excessive-worker warning ])."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    loader, said = _said(lambda: DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30), "in total")
+    assert [str(w.message) for w in said] == [TOO_MANY]
+    assert said[0].category is UserWarning and said[0].filename.endswith(os.path.join("shmload", "loader.py"))
+    for _ in range(2):  # every iter() starts workers
+        assert [str(w.message) for w in _said(lambda: list(loader), "in total")[1]] == [TOO_MANY]
+    persistent, said = _said(lambda: DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30,
+                                                persistent_workers=True), "in total")
+    assert len(said) == 1
+    with persistent:
+        assert [len(_said(lambda: list(persistent), "in total")[1]) for _ in range(3)] == [1, 0, 0]
+    for fits in (dict(num_workers=1), dict(num_workers=0), dict(num_workers=0, persistent_workers=True)):
+        quiet, said = _said(lambda: DataLoader(RangeDataset(8), batch_size=4, timeout=30, **fits), "in total")
+        assert not said and not _said(lambda: list(quiet), "in total")[1]
+    # Python's default filter: once per place (construction, iter()), however many loaders, as torch's
+    def three():
+        for _ in range(3):
+            list(DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30))
+    assert len(_said(three, "in total", how="default")[1]) == 2
+
+
+def test_the_excessive_worker_warning_without_a_cpu_affinity_is_torchs(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    _, said = _said(lambda: DataLoader(RangeDataset(8), num_workers=2), "in total")
+    assert [str(w.message) for w in said] == [TOO_MANY.replace("system is 1,", "system is 1 (`cpuset` is not taken "
+                                                                                "into account),")]
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    _, said = _said(lambda: DataLoader(RangeDataset(8), num_workers=2), "in total")
+    assert [str(w.message) for w in said] == [
+        "This DataLoader will create 2 worker processes in total. DataLoader is not able to compute a suggested max "
+        "number of worker in current system. Please be aware that excessive worker creation might get DataLoader "
+        "running slow or even freeze, lower the worker number to avoid potential slowness/freeze if necessary."]
+
+
+def test_a_negative_num_workers_reads_as_ours_and_as_torchs():
+    for match in (r"^num_workers should be a non-negative integer, but got num_workers=-1",
+                  r"num_workers option should be non-negative"):  # torch's regex, in its own tests
+        with pytest.raises(ValueError, match=match):
+            DataLoader(RangeDataset(4), num_workers=-1)
 
 
 class _Counting:
@@ -177,3 +215,24 @@ def test_the_length_warning_is_torchs_side_by_side(kw):
     ours = warned(DataLoader(Source(), timeout=30, **kw))
     theirs = warned(torch.utils.data.DataLoader(Source(), **kw))
     assert ours == theirs and any(ours[1]) and not any(ours[0])
+
+
+@pytest.mark.torch
+@needs_torch
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_excessive_worker_warning_is_torchs_side_by_side(monkeypatch, persistent):
+    import torch
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+
+    def said(make):
+        counts = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = make(np.arange(8), batch_size=4, num_workers=2, persistent_workers=persistent)
+            counts.append(len(caught))
+            for _ in range(3):
+                list(loader)
+                counts.append(len(caught))
+        return counts, {str(w.message) for w in caught}
+    ours, theirs = said(DataLoader), said(torch.utils.data.DataLoader)
+    assert ours == theirs and ours[1] == {TOO_MANY}
