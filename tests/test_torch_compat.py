@@ -236,3 +236,27 @@ def test_the_excessive_worker_warning_is_torchs_side_by_side(monkeypatch, persis
         return counts, {str(w.message) for w in caught}
     ours, theirs = said(DataLoader), said(torch.utils.data.DataLoader)
     assert ours == theirs and ours[1] == {TOO_MANY}
+
+
+class _Dates:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"when": np.datetime64("2020-01-01") + i, "x": np.float32(i)}
+
+
+@pytest.mark.torch
+@needs_torch
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_array_torch_has_no_tensor_for_is_a_type_error_as_in_torch(workers):
+    import torch
+
+    from shmload import CollateError
+    with pytest.raises(TypeError, match=r"default_collate: batch must contain tensors"):
+        next(iter(torch.utils.data.DataLoader(_Dates(), batch_size=2)))
+    with DataLoader(_Dates(), batch_size=2, num_workers=workers, output="torch", timeout=30) as loader:
+        with pytest.raises(TypeError, match=r"^output='torch' cannot hold an array of dtype datetime64\[D\] and shape "
+                                            r"\(2,\) \(can't convert np\.ndarray of type numpy\.datetime64") as error:
+            next(iter(loader))
+    assert isinstance(error.value, CollateError)  # (a ValueError too, as before)
