@@ -244,10 +244,16 @@ class DataLoader:
         return itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
 
     def _length(self) -> int | None:
-        """The epoch's length for its iterator (``len(it)``), without counting as asked."""
+        """The epoch's length for its iterator (``len(it)``), without counting as asked; None
+        if the sampler (or iterable source) has no len(). The loader's own sampler over a
+        map-style dataset always has one, so a TypeError there is the dataset's ``__len__``
+        returning no int: raised now, once, at iter() (as torch's iter() with workers raises
+        it), not at every next() (each would try again to begin the epoch, which reads it)."""
         try:
             return self._count()
         except TypeError:
+            if self._own_sampler and not self._iterable:
+                raise
             return None
 
     def __len__(self) -> int:

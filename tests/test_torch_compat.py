@@ -238,6 +238,28 @@ def test_the_excessive_worker_warning_is_torchs_side_by_side(monkeypatch, persis
     assert ours == theirs and ours[1] == {TOO_MANY}
 
 
+class _LenNotInt:
+    """A map-style dataset whose __len__ returns a float."""
+
+    def __len__(self):
+        return 4.0
+
+    def __getitem__(self, i):
+        return np.float32(i)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(shuffle=True), dict(num_workers=1)])
+def test_a_len_that_is_no_int_raises_once_at_iter_as_torch(kw):
+    """torch's iter() raises it (with workers; with shuffle=True already its constructor),
+    not every next() after it."""
+    loader = DataLoader(_LenNotInt(), batch_size=2, timeout=30, **kw)
+    with pytest.raises(TypeError, match=r"^'float' object cannot be interpreted as an integer$"):
+        iter(loader)
+    # a sampler of yours does not ask the dataset's len(), nor does torch's loader then
+    assert [b.tolist() for b in DataLoader(_LenNotInt(), batch_size=2, sampler=[0, 1, 2, 3], timeout=30,
+                                           num_workers=kw.get("num_workers", 0))] == [[0, 1], [2, 3]]
+
+
 class _Dates:
     def __len__(self):
         return 4
