@@ -51,8 +51,12 @@ def usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def usable_cores() -> int:
-    return len(usable_cpus())
+def cpu_count() -> int | None:
+    """torch's count of the CPUs this process may use (``torch._utils.cpu_count``): its
+    affinity where ``os.sched_getaffinity`` exists, else ``os.cpu_count()`` (None if unknown)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def default_start_method() -> str:

@@ -23,10 +23,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .batcher import Batcher, Plan, _Cast
+from .batcher import Batcher, Plan, _as_array, _Cast, _torch_tensor_type
 from .deferred import Batched, DeferredArray
 from .errors import CollateError
 from .layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, build
+from .promotion import _SCALAR_DTYPES
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -109,6 +110,14 @@ def _fast_plan(batcher: Batcher, structure: Any, samples: Sequence[Any], indices
 # the worker recognises without comparing it (wire.LayoutIds). Not cached: structures
 # with a copied container (NOTE [ Batch containers ]: copied from each batch's own
 # sample 0), and batches that needed promotion.
+# The kinds are the cached batch's sample 0's, and a batch is planned from its own
+# sample 0: so a batch is taken against the cache only if its sample 0 has the cached
+# kinds (_transpose checks it: an array's whole shape, an object leaf that is still no
+# array or number). The checks on the other samples compare them with the kinds, which
+# is comparing them with sample 0. Without that, a batch whose samples agree with each
+# other but not with the cached batch (shapes that change from batch to batch, a field
+# that was None and is now an array) would fail the write and pass the recheck, or
+# become a list where a fresh plan stacks it.
 class _Columns:
     """What _transpose fills: the columns of a batch against known kinds."""
 
@@ -223,13 +232,14 @@ def _transpose(node: Any, values: list, batcher: Batcher) -> bool:
             n = len(values)
             ok = countOf(map(type, values), np.ndarray) == n
             if kind[1] and math.prod(kind[1]):  # the rest of the shape is checked by the write's concatenate
-                ok = ok and countOf(map(len, values), kind[1][0]) == n and countOf(map(_dtype, values), kind[2]) == n
+                ok = (ok and values[0].shape == kind[1] and countOf(map(len, values), kind[1][0]) == n
+                      and countOf(map(_dtype, values), kind[2]) == n)
             else:  # 0-d or empty arrays: concatenate cannot check them
                 ok = ok and set(map(_shape, values)) == {kind[1]} and set(map(_dtype, values)) == {kind[2]}
         elif kind[0] == "scalar":
             ok = countOf(map(type, values), kind[1]) == len(values)
-        else:
-            ok = True
+        else:  # (what follows sample 0 in an object leaf is never checked: it is kept as it is)
+            ok = _an_object(values[0])
         batcher.columns[node.id] = values
         return ok
     if type(node) is Seq:
@@ -252,6 +262,17 @@ def _transpose(node: Any, values: list, batcher: Batcher) -> bool:
         return False
     return all(_transpose(child, list(map(itemgetter(k), values)), batcher)
                for k, child in zip(node.keys, node.children))
+
+
+def _an_object(value: Any) -> bool:
+    """Is ``value``, as a sample 0, an object leaf (``Batcher.new_leaf``)? Not if it is an
+    array, a tensor, a numpy number or a Python number (NOTE [ The cached plan ])."""
+    if type(value) in _SCALAR_DTYPES or isinstance(value, DeferredArray):
+        return False
+    try:
+        return _as_array(value, _torch_tensor_type()) is None
+    except TypeError:  # a tensor numpy cannot represent: planned afresh, which names it
+        return False
 
 
 def plan_convert(batch: Any, indices: Sequence[int] | None = None, tuple_as_list: bool = False) -> Plan:

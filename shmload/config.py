@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numbers
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -90,7 +92,9 @@ def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: 
 
 def check_settings(loader: Any) -> None:
     """The checks for every setting that may change after construction (loader.py's ``_SETTINGS``)."""
-    check_int("num_workers", loader.num_workers, 0)
+    # (torch's words too, which scripts match: "num_workers option should be non-negative")
+    check_int("num_workers", loader.num_workers, 0,
+              also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing")
     _platform.check_supported(loader.num_workers)
     check_int("prefetch_factor", loader.prefetch_factor, 1, allow_none=True)
     check_int("seed", loader.seed, 0)
@@ -120,19 +124,46 @@ def check_settings(loader: Any) -> None:
                                           "shmload is tested with; or pip install 'shmload[torch]')") from exc
 
 
+# NOTE [ torch's excessive-worker warning ]
+# torch's DataLoader (check_worker_number_rationality) warns when num_workers exceeds the
+# CPUs the process may use (_platform.cpu_count), at construction and again whenever an
+# iterator starts workers: every iter() with num_workers > 0, only the first of a
+# persistent loader (here also one whose workers restart for changed settings, since
+# those are new workers). Scripts filter it by its words, and torch's tests expect it
+# from the constructor, so it is given then, in those words. torch attributes it to its
+# own lines, not the caller's, so Python's default filter shows it once per process and
+# place however many loaders are made; it is attributed here to the loader's own lines
+# (stacklevel 2: DataLoader.__init__ or __iter__) for the same effect.
+def too_many_workers(num_workers: int) -> str | None:
+    """torch's warning for ``num_workers`` workers, in its words; None if it has none."""
+    if not num_workers:
+        return None
+    cores = _platform.cpu_count()
+    if cores is not None and num_workers <= cores:
+        return None
+    if cores is None:
+        suggested = "DataLoader is not able to compute a suggested max number of worker in current system."
+    else:
+        unchecked = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+        suggested = (f"Our suggested max number of worker in current system is {cores}{unchecked}, which is smaller "
+                     "than what this DataLoader is going to create.")
+    return (f"This DataLoader will create {num_workers} worker processes in total. {suggested} Please be aware that "
+            "excessive worker creation might get DataLoader running slow or even freeze, lower the worker number to "
+            "avoid potential slowness/freeze if necessary.")
+
+
+def warn_too_many_workers(num_workers: int) -> None:
+    """Give torch's excessive-worker warning if it applies (NOTE above), attributed to the caller."""
+    message = too_many_workers(num_workers)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
 def iter_warnings(cfg: LoaderConfig, pin_memory: Any, pin_memory_device: str,
                   pin_note: str | None) -> list[tuple[str, type]]:
     """The warnings torch's DataLoader gives when an iterator is made, in its words
     (scripts filter them by message), as (message, category)."""
     out: list[tuple[str, type]] = []
-    if cfg.num_workers > 0:
-        cores = _platform.usable_cores()
-        if cfg.num_workers > cores:
-            out.append((f"This DataLoader will create {cfg.num_workers} worker processes in total. Our suggested "
-                        f"max number of worker in current system is {cores}, which is smaller than what this "
-                        "DataLoader is going to create. Please be aware that excessive worker creation might get "
-                        "DataLoader running slow or even freeze, lower the worker number to avoid potential "
-                        "slowness/freeze if necessary.", UserWarning))
     if pin_memory:
         if pin_memory_device:
             out.append(("pin_memory_device is deprecated, the current accelerator will be used as the device,"

@@ -67,22 +67,28 @@ class _Epoch:
     schedule: Schedule | None = None  # None until the epoch begins
     progress: Any = None
 
-    reported_len: int | None = None  # len(loader) of an iterable source, if it was asked (loader.py)
+    reported_len: int | None = None  # len(dataset) of an iterable source, if len(loader) was asked (loader.py)
     _yielded = 0
     _replay: _Outcome | None = None  # NOTE [ An interrupt during next() ]
 
+    # NOTE [ torch's length warning ]
+    # torch's iterator warns at every next() past what len(loader) reported, as long as
+    # len(loader) was asked before the iterator was made (its _IterableDataset_len_called,
+    # copied at iter()). Its figures are a quirk kept as they are: len(dataset), not the
+    # batches len(loader) returned, against the batches this iterator yielded, which it
+    # calls samples (they differ unless batch_size is None or 1). Scripts and torch's own
+    # tests match its words and count its warnings, so they are torch's, each time, and
+    # point at the line that called next() (stacklevel: this method, then __next__).
     def _check_reported_len(self) -> None:
-        """torch's warning, in its words, when a source yields more than its len() said."""
         self._yielded += 1
-        if self._yielded == self.reported_len + 1:
-            workers = self._cfg.num_workers
+        if self._yielded > self.reported_len:
             warnings.warn(
                 f"Length of IterableDataset {self._cfg.dataset} was reported to be {self.reported_len}(when "
                 f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
                 + ("For multiprocessing data-loading, this could be caused by not properly configuring the "
-                   "IterableDataset replica at each worker (shard it by shmload.get_worker_info() or "
-                   "torch.utils.data.get_worker_info() in __iter__)." if workers > 0 else ""), UserWarning,
-                stacklevel=3)
+                   "IterableDataset replica at each worker. Please see "
+                   "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+                   if self._cfg.num_workers > 0 else ""), UserWarning, stacklevel=3)
 
     def _begin(self) -> None:
         self.epoch, self.schedule, self.progress = self._claim()
@@ -107,7 +113,10 @@ class _Epoch:
     def __next__(self) -> Any:
         # One next() at a time: threads sharing an iterator get each batch exactly once.
         with self._lock:
-            return self._next_windowed()
+            batch = self._next_windowed()
+            if self.reported_len is not None:
+                self._check_reported_len()
+            return batch
 
     # NOTE [ An interrupt during next() ]
     # next() is the loader's own bookkeeping plus one wait (for the workers; with
@@ -156,8 +165,6 @@ class _Epoch:
             clock.ended(entered)
             raise
         clock.leave(entered, self._nbytes)
-        if self.reported_len is not None:
-            self._check_reported_len()
         if not self._cfg.iterable and self.at_end():
             # the epoch's last batch is out: a state saved now is the next epoch's start,
             # though the caller (a trainer that counts batches) may never ask for more

@@ -55,6 +55,12 @@ class CollateError(ShmloadError, ValueError):
     or a sample holds something that cannot be placed in shared memory."""
 
 
+class TensorTypeError(CollateError, TypeError):
+    """``output="torch"`` and an array of a dtype torch has no tensor for (``datetime64``,
+    ``timedelta64``, ``str_``, ...). A ``TypeError``, as ``torch.from_numpy``'s error (and so
+    torch's DataLoader's) is, and a CollateError, as every batch that cannot be made is."""
+
+
 class SharedMemoryError(ShmloadError, MemoryError):
     """Not enough shared memory: it could not be created or reserved (for example
     /dev/shm is too small), or the ring reached its bound (:class:`RingFullError`).

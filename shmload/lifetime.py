@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import layout as _layout
-from .errors import CollateError
+from .errors import TensorTypeError
 from .ring import Slot, SlotState
 
 
@@ -51,7 +51,7 @@ def to_torch(array: np.ndarray) -> Any:
     try:
         return sys.modules["torch"].from_numpy(array)
     except TypeError as exc:
-        raise CollateError(f"output='torch' cannot hold an array of dtype {array.dtype} and shape {array.shape} "
+        raise TensorTypeError(f"output='torch' cannot hold an array of dtype {array.dtype} and shape {array.shape} "
                            f"({exc}); convert it in the dataset, or use output='numpy'") from None
 
 

@@ -20,7 +20,7 @@ from . import _platform, pinning, seeding, sharding
 from . import resume as _resume
 from ._checks import check_int
 from .collate import default_collate
-from .config import LoaderConfig, check_arguments, check_settings, iter_warnings
+from .config import LoaderConfig, check_arguments, check_settings, iter_warnings, warn_too_many_workers
 from .dispatch import DEFAULT_PREFETCH
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import ShmloadWarning
@@ -117,6 +117,7 @@ class DataLoader:
         self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
         self._config()  # check the settings now, not at the first iter()
+        warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
         self._next_epoch = 0  # the epoch the next iterator claims at its first batch
         self._resume: dict | None = None  # a loaded state, for the next epoch to begin
         self._progress: Any = None  # the newest iterator's record (resume.py), kept when it is gone; None: not begun
@@ -182,6 +183,8 @@ class DataLoader:
             self._check_resume(cfg)  # at once, as well as when the epoch begins
         length = self._length()
         self._warn_as_torch(cfg)
+        if self._sessions.starts_workers(cfg):
+            warn_too_many_workers(cfg.num_workers)  # as torch's iter() (NOTE in config.py)
         it = self._sessions.open_epoch(cfg, functools.partial(self._claim, cfg), length, self)
         self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
         it.reported_len = self._reported_len  # an iterable source's len(), if len(loader) was asked
@@ -241,18 +244,22 @@ class DataLoader:
         return itertools.islice(iter(self.batch_sampler if self._auto_batch else self.sampler), start, None)
 
     def _length(self) -> int | None:
-        """The epoch's length for its iterator (``len(it)``), without counting as asked."""
+        """The epoch's length for its iterator (``len(it)``), without counting as asked; None
+        if the sampler (or iterable source) has no len(). The loader's own sampler over a
+        map-style dataset always has one, so a TypeError there is the dataset's ``__len__``
+        returning no int: raised now, once, at iter() (as torch's iter() with workers raises
+        it), not at every next() (each would try again to begin the epoch, which reads it)."""
         try:
             return self._count()
         except TypeError:
+            if self._own_sampler and not self._iterable:
+                raise
             return None
 
     def __len__(self) -> int:
         n = self._count()
         if self._iterable:
-            # you were told: an epoch yielding more warns, as torch's does, with torch's figures
-            # (it compares the batches yielded with len(dataset), and calls them samples)
-            self._reported_len = len(self._source)
+            self._reported_len = len(self._source)  # NOTE [ torch's length warning ], epoch.py
         return n
 
     def _count(self) -> int:

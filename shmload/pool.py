@@ -37,6 +37,15 @@ class SessionPool:
         # session another's iterator is using (NOTE [ Threads sharing a session ]).
         self._opening = threading.Lock()
 
+    def starts_workers(self, cfg: LoaderConfig) -> bool:
+        """Does ``open_epoch(cfg)`` start worker processes? With ``num_workers > 0``, always
+        unless it keeps a persistent session (owned here, open, of these settings)."""
+        if cfg.num_workers == 0:
+            return False
+        held = self.persistent
+        return not cfg.persistent_workers or held is None or held.closed or held.cfg is not cfg or \
+            not owned_here(held.owner_pid)
+
     def open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                    loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
         """The iterator of the next epoch, with its session (started now, as torch's

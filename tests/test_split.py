@@ -370,6 +370,88 @@ def test_a_sample_that_does_not_stack_in_a_span_raises_the_unsplit_error_naming_
             next(it)
 
 
+
+class Shaped:
+    """Sample i: ``{"x": an array, "y": i}``, the array of shape (3, 4), except where
+    ``changed(i)``: there the sample is ``KINDS[kind]`` of it."""
+
+    KINDS = {
+        "shape": lambda x, i: {"x": np.zeros((3, 5), np.float32), "y": i},
+        "dtype": lambda x, i: {"x": x.astype("U3"), "y": i},
+        "ndim": lambda x, i: {"x": x[:, 0], "y": i},
+        "missing": lambda x, i: {"x": x},
+        "nested": lambda x, i: {"x": {"a": x}, "y": i},
+        "scalar": lambda x, i: {"x": float(i), "y": i},
+        "none": lambda x, i: {"x": None, "y": i},
+    }
+
+    def __init__(self, kind, changed, n=16):
+        self.kind, self.changed, self.n = kind, changed, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = np.full((3, 4), i, np.float32)
+        return self.KINDS[self.kind](x, i) if self.changed(i) else {"x": x, "y": i}
+
+
+def _first_error_line(exc: BaseException) -> str:
+    return next(line[line.index("cannot batch"):] for line in str(exc).splitlines() if "cannot batch" in line)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_spans_that_differ_from_what_a_worker_cached_raise_the_unsplit_collate_error(workers):
+    """Issue 32, item 6: batch 1's rows 0-3 of shape (3, 4) and rows 4-7 of (3, 5). A
+    worker that loaded a span of (3, 4) rows before was given rows 4-7 and wrote them
+    against its cached plan: numpy's "Output array is the wrong shape"."""
+    ds = Shaped("shape", lambda i: i >= 12)
+    with pytest.raises(CollateError) as unsplit:
+        list(shmload.DataLoader(ds, batch_size=8, num_workers=0))
+    said = _first_error_line(unsplit.value)
+    assert "field sample['x']: dataset index 12 (position 4 in the batch) has an array of shape (3, 5)" in said
+    with shmload.DataLoader(ds, batch_size=8, num_workers=workers, split_batches=True, timeout=30) as loader:
+        it = iter(loader)
+        assert next(it)["x"].shape == (8, 3, 4)
+        with pytest.raises(CollateError, match=re.escape(said)):
+            next(it)
+
+
+@pytest.mark.parametrize("kind", ["shape", "ndim", "none"])
+@pytest.mark.parametrize("workers, split", [(0, None), (2, False), (2, True)])
+def test_batches_whose_samples_agree_but_differ_from_the_batch_before_are_collated_afresh(kind, workers, split):
+    """Rows 4-7 differ from rows 0-3; each batch of 4 (and each span of 2) agrees in
+    itself: every batch is what collating it alone gives (a cached plan is the previous
+    batch's, not this one's: NOTE [ The cached plan ])."""
+    ds = Shaped(kind, lambda i: 4 <= i < 8)
+    want = [shmload.default_collate([ds[i] for i in range(b, b + 4)]) for b in range(0, 16, 4)]
+    with shmload.DataLoader(ds, batch_size=4, num_workers=workers, split_batches=split, timeout=30) as loader:
+        got = [{k: v.copy() if isinstance(v, np.ndarray) else v for k, v in b.items()} for b in loader]
+    assert len(got) == 4
+    for g, w in zip(got, want):
+        assert type(g["x"]) is type(w["x"]) and type(g["y"]) is type(w["y"])
+        assert np.array_equal(g["y"], w["y"])
+        if isinstance(w["x"], np.ndarray):
+            assert g["x"].dtype == w["x"].dtype and np.array_equal(g["x"], w["x"])
+        else:
+            assert list(g["x"]) == list(w["x"])
+
+
+@pytest.mark.parametrize("kind", sorted(Shaped.KINDS))
+def test_every_kind_of_mismatch_between_spans_raises_the_unsplit_collate_error(kind):
+    """Rows 4-7 of each batch of 8 differ from rows 0-3: spans of 4 (or 2 with 4 parts)
+    agree in themselves and not with each other."""
+    ds = Shaped(kind, lambda i: i % 8 >= 4)
+    with pytest.raises(CollateError) as unsplit:
+        list(shmload.DataLoader(ds, batch_size=8, num_workers=0))
+    said = _first_error_line(unsplit.value)
+    for workers, parts in [(2, 2), (3, 4)]:
+        with shmload.DataLoader(ds, batch_size=8, num_workers=workers, split_batches=True, batch_parts=parts,
+                                timeout=30) as loader:
+            with pytest.raises(CollateError, match=re.escape(said)):
+                list(loader)
+
+
 class Ordered:
     """Samples in an OrderedDict that carries an attribute: a batch copies sample 0's
     container (as torch's default_collate does), attribute included."""
