@@ -16,9 +16,9 @@ class FakeSegment:
         self.closed = True
 
 
-def make_ring(target_slots=3, max_bytes=1 << 30):
+def make_ring(target_slots=3, max_bytes=1 << 30, segment=FakeSegment):
     events = []
-    ring = Ring(FakeSegment, target_slots, max_bytes,
+    ring = Ring(segment, target_slots, max_bytes,
                 on_attach=lambda s: events.append(("attach", s.id)),
                 on_detach=lambda s: events.append(("detach", s.id)))
     return ring, events
@@ -119,3 +119,33 @@ def test_filling_to_the_target_takes_a_logarithmic_number_of_segments():
     while ring.num_slots < ring.target_slots:
         ring.add_slots()
     assert ring.num_slots == 514 and len(ring.segments()) <= 11
+
+
+def test_the_ring_stops_growing_at_what_shared_memory_gives():
+    # NOTE [ The ring stops at what fits ]: a /dev/shm of 3 pages, shared with others
+    from shmload import SharedMemoryError
+
+    free = [3 * PAGE]
+
+    def segment(sid, size):
+        if size > free[0]:
+            raise SharedMemoryError("could not reserve")
+        free[0] -= size
+        return FakeSegment(sid, size)
+
+    ring, _ = make_ring(target_slots=8, segment=segment)
+    ring.grow_capacity(PAGE, count=4)  # 4 slots asked, then 2: made, and the bound is there
+    assert ring.num_slots == 2 and ring.max_bytes == 2 * PAGE
+    with pytest.raises(RingFullError, match=r"add a slot .*bound of 8.0 KiB \(what /dev/shm could give the ring\)"):
+        ring.add_slots()
+    ring, _ = make_ring(target_slots=8, segment=segment)
+    free[0] = 3 * PAGE
+    ring.grow_capacity(PAGE, count=1)
+    free[0] = 0  # another program took the rest: not even one slot more, the bound is what the ring holds
+    with pytest.raises(RingFullError, match=r"add a slot .*bound of 4.0 KiB \(what /dev/shm could give the ring\)"):
+        ring.add_slots()
+    assert ring.num_slots == 1 and ring.max_bytes == PAGE
+    ring, _ = make_ring(target_slots=8, segment=segment)
+    with pytest.raises(SharedMemoryError, match="could not reserve"):  # sizing it: not even one slot
+        ring.grow_capacity(PAGE, count=2)
+    assert ring.max_bytes == 1 << 30  # (a failure to size the ring says nothing of what fits)

@@ -1,0 +1,46 @@
+"""The ring's bound: what counts against it, and where the ring stops growing. Each case
+once hung or failed with memory to spare; each must now load every batch, or raise
+RingFullError at once when the ring really cannot hold what a for-loop needs.
+
+The /dev/shm cases run a script on a private tmpfs of the size in question (as root, in
+a mount namespace of its own: scripts.small_shm); images of 3x224x224 bytes in batches of
+64 make 9.19 MiB slots, of which a 4-worker ring wants ten.
+"""
+
+import re
+
+import pytest
+
+from .scripts import can_unshare, describe, run_script, small_shm
+
+IMAGES_SCRIPT = """
+import sys, numpy as np, shmload
+from tests.helpers import ImageDataset
+batches = int(sys.argv[1])
+loader = shmload.DataLoader(ImageDataset(64 * batches, shape=(3, 224, 224), delay=0.001), batch_size=64,
+                            num_workers=4, timeout=10)
+got = 0
+try:
+    for batch in loader:
+        assert (batch["image"][:, 0, 0, 0] == np.arange(got * 64, got * 64 + 64) % 256).all()
+        got += 1
+    print("finished", got)
+except shmload.ShmloadError as exc:
+    print("after", got, type(exc).__name__, exc)
+"""
+
+needs_unshare = pytest.mark.skipif(not can_unshare(), reason="needs root and unshare to mount a private /dev/shm")
+
+
+def images(size: str, batches: int) -> str:
+    result = run_script(["-c", IMAGES_SCRIPT, str(batches)], timeout=50, prefix=small_shm(size))
+    assert result.returncode == 0, describe(result)
+    return result.stdout
+
+
+@needs_unshare
+@pytest.mark.parametrize("size", ["37m", "66m"])
+def test_the_ring_stops_growing_at_what_dev_shm_holds(size):
+    # The bound used to count the board and the control segment as free: the ring grew to
+    # a size it could not reserve (SharedMemoryError before the first batch).
+    assert images(size, 12) == "finished 12\n"
