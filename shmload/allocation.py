@@ -16,20 +16,23 @@ The rules, each enforced once, below:
   would hold it while its worker waits for an earlier batch's slot: with few slots (a
   small /dev/shm) nothing would ever move. A batch may take a slot ahead of earlier
   batches that have none only while enough free slots stay for them (``_may_overtake``).
+  "Earlier" is the order in which workers reach their tasks (NOTE [ Earliest as the
+  workers see it ]).
 * Grow rather than wait forever: a consumer holding batches gets more slots, a batch
   larger than the slots a larger segment, both up to the ring's bound.
 * Past the bound, wait only while waiting can help: while a slot can still come back.
-  Once the batch the consumer needs next waits for space itself (or, with
-  ``in_order=False``, nothing that holds a slot can still finish), no slot will come
-  back, and the ring's :class:`RingFullError` is raised instead of hanging.
+  Once the batch the consumer needs next waits for space itself, or sits behind a batch
+  that does on its worker (or, with ``in_order=False``, nothing that holds a slot can
+  still finish), no slot will come back, and the ring's :class:`RingFullError` is
+  raised instead of hanging.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
-from .dispatch import Dispatcher, InFlight
+from .dispatch import Dispatcher
 from .errors import RingFullError, SharedMemoryError
 from .messages import NeedSpace
 from .ring import Ring, Slot, SlotState
@@ -85,14 +88,35 @@ class SlotAllocator:
             raise
         return self.ring.take()
 
-    def _slotless(self, iteration: int) -> list[int]:
-        """The batches of ``iteration`` in flight without a slot, earliest first: sent
-        before the ring was sized, or waiting for a larger slot."""
-        return sorted(e.task.seq for e in self._in_flight() if e.slot is None and e.task.iteration == iteration)
-
-    def _in_flight(self) -> Iterable[InFlight]:
+    # NOTE [ Earliest as the workers see it ]
+    # "Earliest first" rests on each worker loading its tasks in order. A worker's queue is
+    # in batch order, except where a split batch is loaded again whole (spans.py): when
+    # every worker already holds a later batch, the redo goes behind one of them. If that
+    # later batch then waits for a larger slot, ordering by batch number alone deadlocks:
+    # it may not overtake the redo (an earlier batch without a slot), and the redo cannot
+    # ask before its worker is past it. (4 workers on a 16 MiB /dev/shm hung this way.) So
+    # a task ranks as the earliest batch it holds up: the lowest batch number among it
+    # and the tasks queued after it on its worker, then its place in that queue. It is
+    # the batch number whenever queues are in order, so nothing else changes.
+    def _ranks(self, iteration: int) -> dict[tuple[int, int], tuple[int, int]]:
+        """(worker, batch) -> the task's rank (NOTE [ Earliest as the workers see it ]),
+        for the tasks of ``iteration`` in flight."""
+        ranks = {}
         for wid in range(self.dispatcher.num_workers):
-            yield from self.dispatcher.held_by(wid)
+            held = [e.task for e in self.dispatcher.held_by(wid) if e.task.iteration == iteration]
+            first = None
+            for place in range(len(held) - 1, -1, -1):
+                seq = held[place].seq
+                first = seq if first is None else min(first, seq)
+                ranks[(wid, seq)] = (first, place)
+        return ranks
+
+    def _slotless(self, iteration: int, ranks: dict | None = None) -> list[tuple[int, int]]:
+        """The ranks of the batches of ``iteration`` in flight without a slot, earliest first:
+        sent before the ring was sized, or waiting for a larger slot."""
+        ranks = self._ranks(iteration) if ranks is None else ranks
+        return sorted(ranks[(wid, e.task.seq)] for wid in range(self.dispatcher.num_workers)
+                      for e in self.dispatcher.held_by(wid) if e.slot is None and e.task.iteration == iteration)
 
     def _may_overtake(self, earlier: int) -> bool:
         """May a batch take a slot while ``earlier`` batches before it still have none?
@@ -132,17 +156,17 @@ class SlotAllocator:
         if not self.ring.slot_bytes and not self._size_ring():
             return []
         grants: list[Grant] = []
-        slotless = self._slotless(iteration)
-        for wait in sorted(self.waiting, key=lambda w: w.need.seq):
-            need = wait.need
-            if not self._room_for(sum(1 for seq in slotless if seq < need.seq)):
+        ranks = self._ranks(iteration)
+        slotless = self._slotless(iteration, ranks)
+        for wait in sorted(self.waiting, key=lambda w: ranks[(w.worker, w.need.seq)]):
+            need, rank = wait.need, ranks[(wait.worker, wait.need.seq)]
+            if not self._room_for(sum(1 for r in slotless if r < rank)):
                 break  # earlier batches have not asked yet, and they need the free slots
             slot = self._larger_slot(need.nbytes)
             if slot is None:
                 break
             self.waiting.remove(wait)
-            if need.seq in slotless:
-                slotless.remove(need.seq)
+            slotless.remove(rank)
             key = (need.iteration, need.seq)
             self.dispatcher.assign(wait.worker, key, self.dispatcher.task(wait.worker, key)._replace(slot=slot))
             grants.append(Grant(wait.worker, need.iteration, need.seq, slot))
@@ -218,15 +242,18 @@ class SlotAllocator:
         give a slot back.
 
         ``head`` is the batch the consumer needs next (None with ``in_order=False``). While
-        it is still being loaded, it will arrive and slots with it. Otherwise only a task
-        that can still finish and holds a slot can free one (by finishing, failing, or
-        needing a larger slot itself); a worker waiting for space finishes nothing."""
+        it is still being loaded, and not queued behind a batch that waits, it will arrive
+        and slots with it. Otherwise only a task that can still finish and holds a slot can
+        free one (by finishing, failing, or needing a larger slot itself); a worker waiting
+        for space finishes nothing, nor anything queued behind it."""
         if self._error is None:
             return
-        blocked = {w.need.seq for w in self.waiting if w.need.iteration == iteration}
+        waiting_workers = {w.worker for w in self.waiting}
+        # a waiting worker is stuck on its current task, and so are the tasks behind it
+        blocked = {e.task.seq for wid in waiting_workers for e in self.dispatcher.held_by(wid)
+                   if e.task.iteration == iteration}
         if head is not None and head not in blocked:
             return
-        waiting_workers = {w.worker for w in self.waiting}
         for wid in range(self.dispatcher.num_workers):
             if wid not in waiting_workers and any(e.slot is not None for e in self.dispatcher.held_by(wid)):
                 return

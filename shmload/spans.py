@@ -119,7 +119,8 @@ class SplitBatches:
         serves slots earliest batch first: behind a later batch that waits for a larger
         slot, this one would wait for ever. So it goes to a live worker holding no later
         batch (the fewest tasks among them), and only if there is none to the one with
-        the fewest tasks."""
+        the fewest tasks: the allocator then serves the batch it waits behind first
+        (NOTE [ Earliest as the workers see it ], allocation.py)."""
         s = self._s
         # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
         ids = [h.id for h in s.supervisor.live()] or [h.id for h in s.supervisor.workers]

@@ -274,6 +274,12 @@ SERVE = [
     pytest.param(lambda: World(target=2, bound=8).slots("HH").task(0, 0, slot=False).asks(0, 0, PAGE),
                  [(0, 0)], [], 4, 1,
                  id="every slot HELD under the bound: slots added for it"),
+    # NOTE [ Earliest as the workers see it ]: batch 0 (a split batch loaded again whole)
+    # is queued behind batch 2 on worker 0, so batch 2 goes first and batch 1 after both
+    pytest.param(lambda: World(target=8, bound=2, workers=2).task(0, 2, slot=False).task(0, 0, slot=False)
+                 .task(1, 1, slot=False).asks(0, 2, PAGE).asks(1, 1, PAGE),
+                 [(0, 2)], [1], 2, 1,
+                 id="a later batch ahead of an earlier one on its worker: it goes first, the last slot stays for it"),
 ]
 
 
@@ -388,6 +394,8 @@ STUCK = [
                  id="no head, only the waiting worker holds a slot: raise"),
     pytest.param(loading_world, None, False, marks=IN_ORDER_FALSE_LOADING,
                  id="no head, another batch still loading without a slot, a free slot fits it: wait"),
+    pytest.param(lambda: bound_hit(stuck_world().task(0, 2).task(0, 0, slot=False).held(), 0, 2), 0, True,
+                 id="head queued behind a batch that waits on its worker (a redo): raise"),
 ]
 
 

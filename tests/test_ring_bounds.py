@@ -39,6 +39,17 @@ def images(size: str, batches: int) -> str:
 
 
 @needs_unshare
+def test_a_ring_too_small_for_a_for_loop_raises_at_once_with_four_workers():
+    # One slot fits, a for-loop needs two. Batch 1, split over the idle workers, could not
+    # have its slot and was loaded again whole behind a later batch that waited for space,
+    # which could not overtake it: next() waited for ever (LoaderTimeoutError here).
+    out = images("16m", 20)
+    assert re.search(r"^after [01] RingFullError the loader's ring cannot add a slot for another batch: that needs "
+                     r"18\.38 MiB of shared memory, over its bound of 1[45]\.\d\d MiB \(the free space of /dev/shm",
+                     out), out
+
+
+@needs_unshare
 @pytest.mark.parametrize("size", ["37m", "66m"])
 def test_the_ring_stops_growing_at_what_dev_shm_holds(size):
     # The bound used to count the board and the control segment as free: the ring grew to
