@@ -15,16 +15,16 @@ The rules, each enforced once, below:
 * Earliest first. Workers load their tasks in order, so a later batch given the last slot
   would hold it while its worker waits for an earlier batch's slot: with few slots (a
   small /dev/shm) nothing would ever move. A batch may take a slot ahead of earlier
-  batches that have none only while enough free slots stay for them (``_may_overtake``).
-  "Earlier" is the order in which workers reach their tasks (NOTE [ Earliest as the
-  workers see it ]).
+  batches that have none only while enough free slots stay for them (``_may_overtake``),
+  counted after any growth it needs (growth retires the free slots). "Earlier" is the
+  order in which workers reach their tasks (NOTE [ Earliest as the workers see it ]).
 * Grow rather than wait forever: a consumer holding batches gets more slots, a batch
   larger than the slots a larger segment, both up to the ring's bound.
 * Past the bound, wait only while waiting can help: while a slot can still come back.
   Once the batch the consumer needs next waits for space itself, or sits behind a batch
-  that does on its worker (or, with ``in_order=False``, nothing that holds a slot can
-  still finish), no slot will come back, and the ring's :class:`RingFullError` is
-  raised instead of hanging.
+  that does on its worker (or, with ``in_order=False``, nothing that holds a slot, or may
+  still take a free one, can still finish), no slot will come back, and the ring's
+  :class:`RingFullError` is raised instead of hanging.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class SlotAllocator:
             return False, None
         if not self.ring.slot_bytes:
             return True, None
-        earlier = len(self._slotless(iteration)) if self.dispatcher.without_slot else 0
+        earlier = len(self._unplaced(iteration)) if self.dispatcher.without_slot or self.ring.retired_filling() else 0
         if not self._room_for(earlier):
             return False, None  # earlier batches need the free slots
         slot = self.ring.take()
@@ -111,12 +111,21 @@ class SlotAllocator:
                 ranks[(wid, seq)] = (first, place)
         return ranks
 
-    def _slotless(self, iteration: int, ranks: dict | None = None) -> list[tuple[int, int]]:
-        """The ranks of the batches of ``iteration`` in flight without a slot, earliest first:
-        sent before the ring was sized, or waiting for a larger slot."""
+    def _unplaced(self, iteration: int, ranks: dict | None = None) -> list[tuple[int, int]]:
+        """The ranks of the batches of ``iteration`` in flight that may still ask for a slot
+        of the current size, earliest first: those without one (sent before the ring was
+        sized, or waiting for a larger slot) and those holding a slot of an older, smaller
+        size (retired by a growth) not known to fit them."""
         ranks = self._ranks(iteration) if ranks is None else ranks
         return sorted(ranks[(wid, e.task.seq)] for wid in range(self.dispatcher.num_workers)
-                      for e in self.dispatcher.held_by(wid) if e.slot is None and e.task.iteration == iteration)
+                      for e in self.dispatcher.held_by(wid)
+                      if e.task.iteration == iteration and (e.slot is None or (e.slot.retired and not e.fits)))
+
+    def _unsized_before(self, iteration: int, ranks: dict, rank: tuple[int, int]) -> int:
+        """How many batches of ``iteration`` in flight rank before ``rank`` and may need a
+        slot of a new size after a growth: every one not granted its slot for its size."""
+        return sum(1 for wid in range(self.dispatcher.num_workers) for e in self.dispatcher.held_by(wid)
+                   if e.task.iteration == iteration and not e.fits and ranks[(wid, e.task.seq)] < rank)
 
     def _may_overtake(self, earlier: int) -> bool:
         """May a batch take a slot while ``earlier`` batches before it still have none?
@@ -143,7 +152,7 @@ class SlotAllocator:
         entry = self.dispatcher.task(worker, key)
         if entry.slot is not None:
             self.ring.release(entry.slot)
-        self.dispatcher.assign(worker, key, entry._replace(slot=None))
+        self.dispatcher.assign(worker, key, entry._replace(slot=None, fits=False))
         self.waiting.append(Waiting(worker, need))
 
     def serve(self, iteration: int) -> list[Grant]:
@@ -157,18 +166,18 @@ class SlotAllocator:
             return []
         grants: list[Grant] = []
         ranks = self._ranks(iteration)
-        slotless = self._slotless(iteration, ranks)
         for wait in sorted(self.waiting, key=lambda w: ranks[(w.worker, w.need.seq)]):
             need, rank = wait.need, ranks[(wait.worker, wait.need.seq)]
-            if not self._room_for(sum(1 for r in slotless if r < rank)):
+            earlier = sum(1 for r in self._unplaced(iteration, ranks) if r < rank)
+            if not self._room_for(earlier):
                 break  # earlier batches have not asked yet, and they need the free slots
-            slot = self._larger_slot(need.nbytes)
+            slot = self._larger_slot(need.nbytes, self._unsized_before(iteration, ranks, rank))
             if slot is None:
                 break
             self.waiting.remove(wait)
-            slotless.remove(rank)
             key = (need.iteration, need.seq)
-            self.dispatcher.assign(wait.worker, key, self.dispatcher.task(wait.worker, key)._replace(slot=slot))
+            self.dispatcher.assign(wait.worker, key,
+                                   self.dispatcher.task(wait.worker, key)._replace(slot=slot, fits=True))
             grants.append(Grant(wait.worker, need.iteration, need.seq, slot))
         return grants
 
@@ -182,12 +191,18 @@ class SlotAllocator:
             return False
         return True
 
-    def _larger_slot(self, nbytes: int) -> Slot | None:
+    def _larger_slot(self, nbytes: int, earlier: int = 0) -> Slot | None:
+        """A slot of ``nbytes``, the ring grown for it if need be; None if it cannot be had
+        now. Growth retires every slot, so any of the ``earlier`` batches in flight may
+        then need a new one: it waits (None, no error) while the larger slots it would make
+        leave too few for them. They ask first, or finish in their old slots."""
         slot = self.ring.take(nbytes)
         if slot is not None:
             return slot
         try:
             if nbytes > self.ring.slot_bytes:
+                if 0 < self.ring.larger_slots(nbytes) <= earlier:
+                    return None
                 self.ring.grow_capacity(nbytes)
             else:
                 self.ring.add_slots()
@@ -244,8 +259,9 @@ class SlotAllocator:
         ``head`` is the batch the consumer needs next (None with ``in_order=False``). While
         it is still being loaded, and not queued behind a batch that waits, it will arrive
         and slots with it. Otherwise only a task that can still finish and holds a slot can
-        free one (by finishing, failing, or needing a larger slot itself); a worker waiting
-        for space finishes nothing, nor anything queued behind it."""
+        free one (by finishing, failing, or needing a larger slot itself), or with
+        ``in_order=False`` a task that may still take a free slot; a worker waiting for
+        space finishes nothing, nor anything queued behind it."""
         if self._error is None:
             return
         waiting_workers = {w.worker for w in self.waiting}
@@ -254,9 +270,15 @@ class SlotAllocator:
                    if e.task.iteration == iteration}
         if head is not None and head not in blocked:
             return
+        free = self.ring.free_slots()
         for wid in range(self.dispatcher.num_workers):
-            if wid not in waiting_workers and any(e.slot is not None for e in self.dispatcher.held_by(wid)):
-                return
+            if wid in waiting_workers:
+                continue
+            for e in self.dispatcher.held_by(wid):
+                # with in_order=False a batch without a slot may still take a free one and
+                # be delivered (with in_order=True only the head's delivery helps: above)
+                if e.slot is not None or (head is None and free and e.task.iteration == iteration):
+                    return
         # Not kept: a stored exception's traceback would hold the iterator's frames, and
         # through them the session, alive. The next attempt recomputes it.
         error, self._error = self._error, None

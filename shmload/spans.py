@@ -78,7 +78,7 @@ class SplitBatches:
             split.slot = s.allocator.slot_for_split(nbytes)
         if split.slot is None or split.slot.capacity < nbytes:
             return False
-        s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot))
+        s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot, fits=True))
         s.supervisor.send(wid, Reassign(key[0], key[1], split.slot.ref))
         return True
 

@@ -11,7 +11,12 @@ import re
 
 import pytest
 
+from shmload import DataLoader
+
+from .helpers import SizedDataset
 from .scripts import can_unshare, describe, run_script, small_shm
+
+KIB = 1 << 10
 
 IMAGES_SCRIPT = """
 import sys, numpy as np, shmload
@@ -55,3 +60,18 @@ def test_the_ring_stops_growing_at_what_dev_shm_holds(size):
     # The bound used to count the board and the control segment as free: the ring grew to
     # a size it could not reserve (SharedMemoryError before the first batch).
     assert images(size, 12) == "finished 12\n"
+
+
+@pytest.mark.parametrize("split", [None, True, False])
+def test_growing_batches_run_under_a_bound_of_four_of_the_largest(split):
+    # Batches of 8, 248, 488 and 728 KiB in turn. The first 728 KiB batch is slow, so the
+    # batches after it are loaded into 488 KiB slots meanwhile; it then needs a larger slot
+    # beside them and the one the for-loop holds. A retired segment counted in full while
+    # any slot of it was busy (RingFullError "cannot grow its slots"), and a later batch
+    # could take the room an earlier one needed ("cannot add a slot").
+    sizes = [8 * KIB, 248 * KIB, 488 * KIB, 728 * KIB] * 6
+    loader = DataLoader(SizedDataset(sizes, slow={3}, delay=0.3), batch_size=None, num_workers=2,
+                        max_shm_bytes=3_000_000, split_batches=split, persistent_workers=True, timeout=20)
+    with loader:
+        for _ in range(2):
+            assert [(int(a[0]), a.nbytes) for a in loader] == list(enumerate(sizes))

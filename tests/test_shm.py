@@ -82,3 +82,21 @@ def test_a_small_dev_shm_gives_a_clear_error_or_a_smaller_ring_never_sigbus(size
     result = run_script(["-c", SMALL_SHM_SCRIPT], timeout=60, prefix=small_shm(size))
     assert result.returncode == 0, result.stderr  # a SIGBUS would be -7 (135 from the shell)
     assert re.search(expected, result.stdout), result.stdout + result.stderr
+
+
+def test_a_released_range_goes_back_to_dev_shm_for_every_mapping():
+    # what the ring does with a retired slot nobody uses (NOTE [ What counts against the bound ])
+    page = shm.mmap.PAGESIZE
+    seg = shm.Segment(0, 4 * page)
+    try:
+        other = shm.AttachedSegment(os.dup(seg.fd), seg.size)  # a worker's mapping
+        other.array[:] = 1
+        blocks = os.fstat(seg.fd).st_blocks
+        assert seg.releases and seg.release(page, 2 * page)
+        assert os.fstat(seg.fd).st_blocks < blocks  # the pages left the file
+        assert other.array[page:3 * page].max() == 0 and other.array[:page].min() == 1
+        assert bytes(seg.mmap[3 * page:3 * page + 4]) == b"\x01" * 4
+        other.close()
+    finally:
+        seg.close()
+    assert not seg.release(0, page)  # closed: nothing to give back
