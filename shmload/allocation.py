@@ -24,7 +24,9 @@ The rules, each enforced once, below:
   Once the batch the consumer needs next waits for space itself, or sits behind a batch
   that does on its worker (or, with ``in_order=False``, nothing that holds a slot, or may
   still take a free one, can still finish), no slot will come back, and the ring's
-  :class:`RingFullError` is raised instead of hanging.
+  :class:`~shmload.errors.RingFullError` is raised instead of hanging. /dev/shm itself
+  full (NOTE [ The ring stops at what fits ], ring.py) is the same: wait while a slot can
+  come back, else its SharedMemoryError.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections import deque
 from typing import NamedTuple
 
 from .dispatch import Dispatcher
-from .errors import RingFullError, SharedMemoryError
+from .errors import SharedMemoryError
 from .messages import NeedSpace
 from .ring import Ring, Slot, SlotState
 
@@ -59,7 +61,8 @@ class SlotAllocator:
         self.ring = ring
         self.dispatcher = dispatcher
         self.waiting: deque[Waiting] = deque()  # in the order asked
-        self._error: RingFullError | None = None  # why the earliest waiting batch still waits
+        # why the earliest waiting batch still waits: the ring's bound, or /dev/shm itself
+        self._error: SharedMemoryError | None = None
 
     # ------------------------------------------------------------ new tasks
     def for_task(self, iteration: int) -> tuple[bool, Slot | None]:
@@ -79,10 +82,11 @@ class SlotAllocator:
 
     def _grow_for_held(self) -> Slot | None:
         """No slot is free: the consumer holds batches. Add slots rather than wait forever;
-        past the bound, wait if a slot can still come back, else raise."""
+        past the bound (or what /dev/shm holds), wait if a slot can still come back, else
+        raise."""
         try:
             self.ring.add_slots()
-        except RingFullError:
+        except SharedMemoryError:  # the bound, or /dev/shm itself (NOTE [ The ring stops at what fits ])
             if self.ring.slots_in(SlotState.FILLING) or self.ring.slots_in(SlotState.READY):
                 return None
             raise
@@ -140,7 +144,7 @@ class SlotAllocator:
                 break
             try:
                 self.ring.add_slots()
-            except RingFullError:
+            except SharedMemoryError:  # the bound, or /dev/shm itself: the ring stays as it is
                 break
         return self._may_overtake(earlier)
 
@@ -186,7 +190,7 @@ class SlotAllocator:
         batch need not wait for the whole ring."""
         try:
             self.ring.grow_capacity(max(w.need.nbytes for w in self.waiting), count=len(self.waiting))
-        except RingFullError as exc:
+        except SharedMemoryError as exc:  # (a RingFullError, or /dev/shm cannot give even one slot)
             self._error = exc
             return False
         return True
@@ -206,7 +210,7 @@ class SlotAllocator:
                 self.ring.grow_capacity(nbytes)
             else:
                 self.ring.add_slots()
-        except RingFullError as exc:
+        except SharedMemoryError as exc:  # (a RingFullError, or /dev/shm cannot give even one slot)
             self._error = exc
             return None
         return self.ring.take(nbytes)
@@ -252,7 +256,8 @@ class SlotAllocator:
 
     # ------------------------------------------------------------ before blocking
     def raise_if_stuck(self, iteration: int, head: int | None) -> None:
-        """Raise the ring's RingFullError if waiting cannot help: a batch waits for space
+        """Raise the ring's RingFullError (or /dev/shm's SharedMemoryError) if waiting cannot
+        help: a batch waits for space
         that cannot be had (the last :meth:`serve` failed), and nothing still running can
         give a slot back.
 

@@ -249,16 +249,9 @@ class Ring:
         have, target = self.num_slots, self.target_slots
         wanted = min(target - have, max(1, have)) if have < target else have
         count = min(wanted, (self.max_bytes - self.nbytes) // self.slot_bytes)
-        if count >= 1:
-            try:
-                self._add_segment(count)
-                return
-            except SharedMemoryError:
-                if not self.nbytes:
-                    raise
-                # not even one slot more: the ring holds what /dev/shm can give it
-                self._stop_at(self.nbytes, "what /dev/shm could give the ring")
-        raise self._full("add a slot for another batch", self.nbytes + self.slot_bytes)
+        if count < 1:
+            raise self._full("add a slot for another batch", self.nbytes + self.slot_bytes)
+        self._add_segment(count)
 
     def _full(self, what: str, needed: int) -> RingFullError:
         held = self.counts()["held"]
@@ -280,16 +273,16 @@ class Ring:
 
     # NOTE [ The ring stops at what fits ]
     # The bound is an estimate: /dev/shm's free space is read once, and other processes
-    # (another loader, the user's own segments) share it. A ring that trusted it grew to a
-    # size it could not reserve, and the SharedMemoryError ended a loader that was loading
-    # fine with the slots it had. So when /dev/shm cannot give a new segment, the ring asks
-    # for half as many slots, down to one, and lowers its bound to what it then holds: it
-    # stops growing where /dev/shm is full, and that bound's RingFullError (raised only when
-    # waiting cannot help, allocation.py) says so. Not even one slot more: the same when
-    # the ring only adds slots (add_slots: it holds some, and waiting may help); when it
-    # is sized or grows its slots, the SharedMemoryError reaches the caller, as before.
+    # (another loader, the user's own segments) share it; the address space may be
+    # limited too (ulimit -v). A ring that asked for all the slots its bound allowed in one
+    # segment failed with SharedMemoryError though fewer would have fitted, and the loader
+    # stopped where it could have gone on with the slots it had. So when a segment cannot
+    # be had, the ring asks for half as many slots, down to one: it stops growing at what
+    # fits. Only when not even one slot can be had does the SharedMemoryError reach the
+    # caller, and the allocator takes it as it takes the bound's RingFullError: a batch
+    # waits while a slot can still come back, and the error is raised once none can
+    # (allocation.py). The bound itself stays: the shortage may pass.
     def _add_segment(self, count: int) -> None:
-        asked = count
         while True:
             try:
                 seg = self._make_segment(self._next_id, count * self.slot_bytes)
@@ -298,8 +291,6 @@ class Ring:
                 if count == 1:
                     raise
                 count //= 2
-        if count < asked:
-            self._stop_at(self.nbytes + seg.size, "what /dev/shm could give the ring")
         self._next_id += 1
         self._segments[seg.id] = seg
         self._live[seg.id] = count
@@ -307,11 +298,6 @@ class Ring:
         self._slots.extend(new)
         self._free[:0] = new  # behind the warm ones
         self._on_attach(seg)
-
-    def _stop_at(self, nbytes: int, source: str) -> None:
-        """Lower the bound to ``nbytes`` (NOTE [ The ring stops at what fits ])."""
-        if nbytes < self.max_bytes:
-            self.max_bytes, self.bound_source = nbytes, source
 
     def close(self) -> None:
         for seg in self._segments.values():

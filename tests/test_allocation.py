@@ -15,7 +15,7 @@ from collections import deque
 
 import pytest
 
-from shmload import RingFullError
+from shmload import RingFullError, SharedMemoryError
 from shmload.allocation import Grant, SlotAllocator, Waiting
 from shmload.dispatch import Dispatcher, InFlight
 from shmload.errors import format_bytes
@@ -46,9 +46,9 @@ class World:
     workers and the allocator over them; each method brings them to a state the way the
     session does, and returns the world so that a table row can chain them."""
 
-    def __init__(self, target=3, bound=64, workers=3, per_worker=8):
+    def __init__(self, target=3, bound=64, workers=3, per_worker=8, segment=FakeSegment):
         self.events = []
-        self.ring = Ring(FakeSegment, target, bound * PAGE,
+        self.ring = Ring(segment, target, bound * PAGE,
                          on_attach=lambda s: self.events.append(("attach", s.id)),
                          on_detach=lambda s: self.events.append(("detach", s.id)))
         self.dispatcher = Dispatcher(workers, per_worker)
@@ -216,6 +216,29 @@ def test_for_task_waits_only_while_a_worker_waits():
     assert [g.seq for g in world.grants] == [0] and not world.alloc.waiting
     ok, slot = world.alloc.for_task(IT)
     assert ok and slot.capacity >= 2 * PAGE
+
+
+def shm_of(pages):
+    """A segment factory for a /dev/shm that holds ``pages`` pages in all (others share it)."""
+    free = [pages * PAGE]
+
+    def segment(sid, size):
+        if size > free[0]:
+            raise SharedMemoryError("could not reserve")
+        free[0] -= size
+        return FakeSegment(sid, size)
+    return segment
+
+
+def test_for_task_under_a_full_dev_shm_waits_while_a_slot_can_come_back_else_raises():
+    # NOTE [ The ring stops at what fits ]: /dev/shm holds 2 pages, the bound says 64
+    world = World(target=4, segment=shm_of(2)).slots("F.")
+    ok, slot = world.alloc.for_task(IT)  # the free slot, no error from the growth toward the target
+    assert ok and slot is not None and world.ring.num_slots == 2
+    assert world.alloc.for_task(IT) == (False, None)  # none free, slots FILLING: wait
+    world = World(target=2, segment=shm_of(2)).slots("HH")
+    with pytest.raises(SharedMemoryError, match="could not reserve"):  # nothing can come back
+        world.alloc.for_task(IT)
 
 
 # ---------------------------------------------------------------- wants

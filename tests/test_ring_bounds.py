@@ -19,10 +19,19 @@ from .scripts import can_unshare, describe, run_script, small_shm
 KIB = 1 << 10
 
 IMAGES_SCRIPT = """
-import sys, numpy as np, shmload
+import os, sys, numpy as np, shmload
 from tests.helpers import ImageDataset
-batches = int(sys.argv[1])
-loader = shmload.DataLoader(ImageDataset(64 * batches, shape=(3, 224, 224), delay=0.001), batch_size=64,
+batches, other = int(sys.argv[1]), int(sys.argv[2])
+
+class Images(ImageDataset):
+    def __getitem__(self, i):
+        if i == 0 and other:  # another program takes some of /dev/shm once the loader has read its bound
+            fd = os.open("/dev/shm/other", os.O_CREAT | os.O_RDWR)
+            os.posix_fallocate(fd, 0, other << 20)
+            os.close(fd)
+        return super().__getitem__(i)
+
+loader = shmload.DataLoader(Images(64 * batches, shape=(3, 224, 224), delay=0.001), batch_size=64,
                             num_workers=4, timeout=10)
 got = 0
 try:
@@ -37,8 +46,10 @@ except shmload.ShmloadError as exc:
 needs_unshare = pytest.mark.skipif(not can_unshare(), reason="needs root and unshare to mount a private /dev/shm")
 
 
-def images(size: str, batches: int) -> str:
-    result = run_script(["-c", IMAGES_SCRIPT, str(batches)], timeout=50, prefix=small_shm(size))
+def images(size: str, batches: int, other: int = 0) -> str:
+    """Run ``batches`` batches on a /dev/shm of ``size``, of which another program takes
+    ``other`` MiB once the loader has started: what the script printed."""
+    result = run_script(["-c", IMAGES_SCRIPT, str(batches), str(other)], timeout=50, prefix=small_shm(size))
     assert result.returncode == 0, describe(result)
     return result.stdout
 
@@ -60,6 +71,14 @@ def test_the_ring_stops_growing_at_what_dev_shm_holds(size):
     # The bound used to count the board and the control segment as free: the ring grew to
     # a size it could not reserve (SharedMemoryError before the first batch).
     assert images(size, 12) == "finished 12\n"
+
+
+@needs_unshare
+def test_the_ring_stops_growing_at_what_dev_shm_holds_when_others_take_some():
+    # 30 of 66 MiB taken after the bound was read: the ring could not have the slots the
+    # bound allowed, and a batch waiting for one raised SharedMemoryError. It asks for
+    # fewer, and waits while slots can come back (NOTE [ The ring stops at what fits ]).
+    assert images("66m", 12, other=30) == "finished 12\n"
 
 
 @pytest.mark.parametrize("split", [None, True, False])
