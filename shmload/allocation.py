@@ -15,22 +15,27 @@ The rules, each enforced once, below:
 * Earliest first. Workers load their tasks in order, so a later batch given the last slot
   would hold it while its worker waits for an earlier batch's slot: with few slots (a
   small /dev/shm) nothing would ever move. A batch may take a slot ahead of earlier
-  batches that have none only while enough free slots stay for them (``_may_overtake``).
+  batches that have none only while enough free slots stay for them (``_may_overtake``),
+  counted after any growth it needs (growth retires the free slots). "Earlier" is the
+  order in which workers reach their tasks (NOTE [ Earliest as the workers see it ]).
 * Grow rather than wait forever: a consumer holding batches gets more slots, a batch
   larger than the slots a larger segment, both up to the ring's bound.
 * Past the bound, wait only while waiting can help: while a slot can still come back.
-  Once the batch the consumer needs next waits for space itself (or, with
-  ``in_order=False``, nothing that holds a slot can still finish), no slot will come
-  back, and the ring's :class:`RingFullError` is raised instead of hanging.
+  Once the batch the consumer needs next waits for space itself, or sits behind a batch
+  that does on its worker (or, with ``in_order=False``, nothing that holds a slot, or may
+  still take a free one, can still finish), no slot will come back, and the ring's
+  :class:`~shmload.errors.RingFullError` is raised instead of hanging. /dev/shm itself
+  full (NOTE [ The ring stops at what fits ], ring.py) is the same: wait while a slot can
+  come back, else its SharedMemoryError.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
-from .dispatch import Dispatcher, InFlight
-from .errors import RingFullError, SharedMemoryError
+from .dispatch import Dispatcher
+from .errors import SharedMemoryError
 from .messages import NeedSpace
 from .ring import Ring, Slot, SlotState
 
@@ -56,7 +61,8 @@ class SlotAllocator:
         self.ring = ring
         self.dispatcher = dispatcher
         self.waiting: deque[Waiting] = deque()  # in the order asked
-        self._error: RingFullError | None = None  # why the earliest waiting batch still waits
+        # why the earliest waiting batch still waits: the ring's bound, or /dev/shm itself
+        self._error: SharedMemoryError | None = None
 
     # ------------------------------------------------------------ new tasks
     def for_task(self, iteration: int) -> tuple[bool, Slot | None]:
@@ -66,7 +72,7 @@ class SlotAllocator:
             return False, None
         if not self.ring.slot_bytes:
             return True, None
-        earlier = len(self._slotless(iteration)) if self.dispatcher.without_slot else 0
+        earlier = len(self._unplaced(iteration)) if self.dispatcher.without_slot or self.ring.retired_filling() else 0
         if not self._room_for(earlier):
             return False, None  # earlier batches need the free slots
         slot = self.ring.take()
@@ -76,23 +82,54 @@ class SlotAllocator:
 
     def _grow_for_held(self) -> Slot | None:
         """No slot is free: the consumer holds batches. Add slots rather than wait forever;
-        past the bound, wait if a slot can still come back, else raise."""
+        past the bound (or what /dev/shm holds), wait if a slot can still come back, else
+        raise."""
         try:
             self.ring.add_slots()
-        except RingFullError:
+        except SharedMemoryError:  # the bound, or /dev/shm itself (NOTE [ The ring stops at what fits ])
             if self.ring.slots_in(SlotState.FILLING) or self.ring.slots_in(SlotState.READY):
                 return None
             raise
         return self.ring.take()
 
-    def _slotless(self, iteration: int) -> list[int]:
-        """The batches of ``iteration`` in flight without a slot, earliest first: sent
-        before the ring was sized, or waiting for a larger slot."""
-        return sorted(e.task.seq for e in self._in_flight() if e.slot is None and e.task.iteration == iteration)
-
-    def _in_flight(self) -> Iterable[InFlight]:
+    # NOTE [ Earliest as the workers see it ]
+    # "Earliest first" rests on each worker loading its tasks in order. A worker's queue is
+    # in batch order, except where a split batch is loaded again whole (spans.py): when
+    # every worker already holds a later batch, the redo goes behind one of them. If that
+    # later batch then waits for a larger slot, ordering by batch number alone deadlocks:
+    # it may not overtake the redo (an earlier batch without a slot), and the redo cannot
+    # ask before its worker is past it. (4 workers on a 16 MiB /dev/shm hung this way.) So
+    # a task ranks as the earliest batch it holds up: the lowest batch number among it
+    # and the tasks queued after it on its worker, then its place in that queue. It is
+    # the batch number whenever queues are in order, so nothing else changes.
+    def _ranks(self, iteration: int) -> dict[tuple[int, int], tuple[int, int]]:
+        """(worker, batch) -> the task's rank (NOTE [ Earliest as the workers see it ]),
+        for the tasks of ``iteration`` in flight."""
+        ranks = {}
         for wid in range(self.dispatcher.num_workers):
-            yield from self.dispatcher.held_by(wid)
+            held = [e.task for e in self.dispatcher.held_by(wid) if e.task.iteration == iteration]
+            first = None
+            for place in range(len(held) - 1, -1, -1):
+                seq = held[place].seq
+                first = seq if first is None else min(first, seq)
+                ranks[(wid, seq)] = (first, place)
+        return ranks
+
+    def _unplaced(self, iteration: int, ranks: dict | None = None) -> list[tuple[int, int]]:
+        """The ranks of the batches of ``iteration`` in flight that may still ask for a slot
+        of the current size, earliest first: those without one (sent before the ring was
+        sized, or waiting for a larger slot) and those holding a slot of an older, smaller
+        size (retired by a growth) not known to fit them."""
+        ranks = self._ranks(iteration) if ranks is None else ranks
+        return sorted(ranks[(wid, e.task.seq)] for wid in range(self.dispatcher.num_workers)
+                      for e in self.dispatcher.held_by(wid)
+                      if e.task.iteration == iteration and (e.slot is None or (e.slot.retired and not e.fits)))
+
+    def _unsized_before(self, iteration: int, ranks: dict, rank: tuple[int, int]) -> int:
+        """How many batches of ``iteration`` in flight rank before ``rank`` and may need a
+        slot of a new size after a growth: every one not granted its slot for its size."""
+        return sum(1 for wid in range(self.dispatcher.num_workers) for e in self.dispatcher.held_by(wid)
+                   if e.task.iteration == iteration and not e.fits and ranks[(wid, e.task.seq)] < rank)
 
     def _may_overtake(self, earlier: int) -> bool:
         """May a batch take a slot while ``earlier`` batches before it still have none?
@@ -107,7 +144,7 @@ class SlotAllocator:
                 break
             try:
                 self.ring.add_slots()
-            except RingFullError:
+            except SharedMemoryError:  # the bound, or /dev/shm itself: the ring stays as it is
                 break
         return self._may_overtake(earlier)
 
@@ -119,7 +156,7 @@ class SlotAllocator:
         entry = self.dispatcher.task(worker, key)
         if entry.slot is not None:
             self.ring.release(entry.slot)
-        self.dispatcher.assign(worker, key, entry._replace(slot=None))
+        self.dispatcher.assign(worker, key, entry._replace(slot=None, fits=False))
         self.waiting.append(Waiting(worker, need))
 
     def serve(self, iteration: int) -> list[Grant]:
@@ -132,19 +169,19 @@ class SlotAllocator:
         if not self.ring.slot_bytes and not self._size_ring():
             return []
         grants: list[Grant] = []
-        slotless = self._slotless(iteration)
-        for wait in sorted(self.waiting, key=lambda w: w.need.seq):
-            need = wait.need
-            if not self._room_for(sum(1 for seq in slotless if seq < need.seq)):
+        ranks = self._ranks(iteration)
+        for wait in sorted(self.waiting, key=lambda w: ranks[(w.worker, w.need.seq)]):
+            need, rank = wait.need, ranks[(wait.worker, wait.need.seq)]
+            earlier = sum(1 for r in self._unplaced(iteration, ranks) if r < rank)
+            if not self._room_for(earlier):
                 break  # earlier batches have not asked yet, and they need the free slots
-            slot = self._larger_slot(need.nbytes)
+            slot = self._larger_slot(need.nbytes, self._unsized_before(iteration, ranks, rank))
             if slot is None:
                 break
             self.waiting.remove(wait)
-            if need.seq in slotless:
-                slotless.remove(need.seq)
             key = (need.iteration, need.seq)
-            self.dispatcher.assign(wait.worker, key, self.dispatcher.task(wait.worker, key)._replace(slot=slot))
+            self.dispatcher.assign(wait.worker, key,
+                                   self.dispatcher.task(wait.worker, key)._replace(slot=slot, fits=True))
             grants.append(Grant(wait.worker, need.iteration, need.seq, slot))
         return grants
 
@@ -153,21 +190,27 @@ class SlotAllocator:
         batch need not wait for the whole ring."""
         try:
             self.ring.grow_capacity(max(w.need.nbytes for w in self.waiting), count=len(self.waiting))
-        except RingFullError as exc:
+        except SharedMemoryError as exc:  # (a RingFullError, or /dev/shm cannot give even one slot)
             self._error = exc
             return False
         return True
 
-    def _larger_slot(self, nbytes: int) -> Slot | None:
+    def _larger_slot(self, nbytes: int, earlier: int = 0) -> Slot | None:
+        """A slot of ``nbytes``, the ring grown for it if need be; None if it cannot be had
+        now. Growth retires every slot, so any of the ``earlier`` batches in flight may
+        then need a new one: it waits (None, no error) while the larger slots it would make
+        leave too few for them. They ask first, or finish in their old slots."""
         slot = self.ring.take(nbytes)
         if slot is not None:
             return slot
         try:
             if nbytes > self.ring.slot_bytes:
+                if 0 < self.ring.larger_slots(nbytes) <= earlier:
+                    return None
                 self.ring.grow_capacity(nbytes)
             else:
                 self.ring.add_slots()
-        except RingFullError as exc:
+        except SharedMemoryError as exc:  # (a RingFullError, or /dev/shm cannot give even one slot)
             self._error = exc
             return None
         return self.ring.take(nbytes)
@@ -213,23 +256,34 @@ class SlotAllocator:
 
     # ------------------------------------------------------------ before blocking
     def raise_if_stuck(self, iteration: int, head: int | None) -> None:
-        """Raise the ring's RingFullError if waiting cannot help: a batch waits for space
+        """Raise the ring's RingFullError (or /dev/shm's SharedMemoryError) if waiting cannot
+        help: a batch waits for space
         that cannot be had (the last :meth:`serve` failed), and nothing still running can
         give a slot back.
 
         ``head`` is the batch the consumer needs next (None with ``in_order=False``). While
-        it is still being loaded, it will arrive and slots with it. Otherwise only a task
-        that can still finish and holds a slot can free one (by finishing, failing, or
-        needing a larger slot itself); a worker waiting for space finishes nothing."""
+        it is still being loaded, and not queued behind a batch that waits, it will arrive
+        and slots with it. Otherwise only a task that can still finish and holds a slot can
+        free one (by finishing, failing, or needing a larger slot itself), or with
+        ``in_order=False`` a task that may still take a free slot; a worker waiting for
+        space finishes nothing, nor anything queued behind it."""
         if self._error is None:
             return
-        blocked = {w.need.seq for w in self.waiting if w.need.iteration == iteration}
+        waiting_workers = {w.worker for w in self.waiting}
+        # a waiting worker is stuck on its current task, and so are the tasks behind it
+        blocked = {e.task.seq for wid in waiting_workers for e in self.dispatcher.held_by(wid)
+                   if e.task.iteration == iteration}
         if head is not None and head not in blocked:
             return
-        waiting_workers = {w.worker for w in self.waiting}
+        free = self.ring.free_slots()
         for wid in range(self.dispatcher.num_workers):
-            if wid not in waiting_workers and any(e.slot is not None for e in self.dispatcher.held_by(wid)):
-                return
+            if wid in waiting_workers:
+                continue
+            for e in self.dispatcher.held_by(wid):
+                # with in_order=False a batch without a slot may still take a free one and
+                # be delivered (with in_order=True only the head's delivery helps: above)
+                if e.slot is not None or (head is None and free and e.task.iteration == iteration):
+                    return
         # Not kept: a stored exception's traceback would hold the iterator's frames, and
         # through them the session, alive. The next attempt recomputes it.
         error, self._error = self._error, None

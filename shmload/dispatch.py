@@ -60,10 +60,13 @@ def prefetch_depth(prefetch_factor: int | None, slot_bytes: int, num_workers: in
 
 class InFlight(NamedTuple):
     """A task a worker holds, and the slot it is to be written into (None: not known yet,
-    or waiting for a larger one; see allocation.py). The slot is a ``ring.Slot``."""
+    or waiting for a larger one; see allocation.py). The slot is a ``ring.Slot``. ``fits``:
+    the slot was granted for the batch's size, as the worker asked (a slot sent with the
+    task may turn out too small)."""
 
     task: Task
     slot: Any
+    fits: bool = False
 
 
 class Dispatcher:

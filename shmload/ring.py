@@ -25,7 +25,8 @@ so the first batch should not wait for the whole ring. Growth:
   segment with as many slots again, so held data is never overwritten.
 
 Both are bounded by ``max_bytes``; past it, :class:`RingFullError` says what to do.
-Retired slots are never resized in place: an mmap with live exports cannot be resized.
+Retired slots are never resized in place: an mmap with live exports cannot be resized;
+their pages are given back instead (NOTE [ What counts against the bound ]).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import mmap
 from operator import attrgetter, countOf
 from typing import Callable, Protocol
 
-from .errors import RingFullError, format_bytes
+from .errors import RingFullError, SharedMemoryError, format_bytes
 from .messages import SlotRef
 
 GROWTH = 1.25
@@ -43,10 +44,16 @@ GROWTH = 1.25
 
 class SegmentLike(Protocol):
     """What the ring needs of a segment (``shm.Segment``; a fake in the unit tests):
-    made by ``make_segment(id, size)``, closed once no slot of it is in use."""
+    made by ``make_segment(id, size)`` (a shortage of shared memory raises
+    :class:`SharedMemoryError`), closed once no slot of it is in use. ``releases``: whether
+    ``release(offset, nbytes)`` gives a retired free slot's pages back (False: the whole
+    segment counts until it is closed, e.g. page-locked memory)."""
 
     id: int
     size: int
+    releases: bool
+
+    def release(self, offset: int, nbytes: int) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -101,14 +108,28 @@ class Ring:
         self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
         self._segments: dict[int, SegmentLike] = {}
         self._live: dict[int, int] = {}  # segment id -> slots not yet dropped
+        self._given_back: dict[int, int] = {}  # segment id -> bytes of its dropped slots released
+        self._retired: list[Slot] = []  # retired slots still busy (a batch in them, or on its way)
         self._free: list[Slot] = []
         self._slots: list[Slot] = []
         self._next_id = 0
 
     # ------------------------------------------------------------ queries
+    # NOTE [ What counts against the bound ]
+    # A retired segment stays mapped while any of its slots is busy, and it used to count
+    # in full: one batch the for-loop held (or a later batch already loaded) kept a whole
+    # segment of smaller slots, so a ring that had filled its bound with them could never
+    # grow, and whether it could depended on which slots were busy when a larger batch
+    # came (a RingFullError in some runs of the same program). Now a retired slot's pages
+    # are given back as soon as it is free (``Segment.release``: MADV_REMOVE punches them
+    # out of the tmpfs file, for every process that maps it), and a retired segment counts
+    # only its busy slots. A segment that cannot give pages back (page-locked memory)
+    # still counts in full until it is closed.
     @property
     def nbytes(self) -> int:
-        return sum(seg.size for seg in self._segments.values())
+        """The bytes that count against the bound: every segment, less what retired slots
+        gave back."""
+        return sum(seg.size for seg in self._segments.values()) - sum(self._given_back.values())
 
     def segments(self) -> list:
         """Every mapped segment, retired ones that still hold busy slots included."""
@@ -129,6 +150,10 @@ class Ring:
     def counts(self) -> dict[str, int]:
         states = list(map(_state, self._slots))  # (counted by identity: an enum's .value or hash per
         return {value: countOf(states, state) for value, state in _STATES}  # slot is a Python call)
+
+    def retired_filling(self) -> bool:
+        """Is a task in flight with a slot of an older size (one a worker may not fit)?"""
+        return any(slot.state is SlotState.FILLING for slot in self._retired)
 
     def slots_in(self, state: SlotState) -> list[Slot]:
         return [s for s in self._slots if s.state is state]
@@ -156,32 +181,56 @@ class Ring:
             self._free.append(slot)
 
     def _drop(self, slot: Slot) -> None:
+        """A retired slot is free: it goes, and its pages with it (NOTE [ What counts
+        against the bound ]); the segment goes with its last slot."""
         self._slots.remove(slot)
+        self._retired.remove(slot)
         seg = slot.segment
         self._live[seg.id] -= 1
         if self._live[seg.id] == 0:
             del self._live[seg.id], self._segments[seg.id]
+            self._given_back.pop(seg.id, None)
             self._on_detach(seg)
             seg.close()
+        elif seg.releases and seg.release(slot.offset, slot.capacity):
+            self._given_back[seg.id] = self._given_back.get(seg.id, 0) + slot.capacity
+
+    def _kept_bytes(self) -> int:
+        """What would still count against the bound once every slot is retired and the
+        free ones dropped: the busy slots, or their whole segment if it cannot give pages
+        back."""
+        busy: dict[int, int] = {}
+        for slot in self._slots:
+            if slot.state is not SlotState.FREE:
+                busy[slot.segment.id] = busy.get(slot.segment.id, 0) + slot.capacity
+        return sum(nbytes if self._segments[sid].releases else self._segments[sid].size
+                   for sid, nbytes in busy.items())
 
     # ------------------------------------------------------------ growth
-    def grow_capacity(self, nbytes: int, count: int | None = None) -> None:
-        """Replace the slots with larger ones holding at least ``nbytes``: ``count`` of them,
-        by default as many as the ring had (at least ``target_slots``), or as many as fit
-        under the bound."""
+    def larger_slots(self, nbytes: int, count: int | None = None) -> int:
+        """How many slots :meth:`grow_capacity` would make for ``nbytes`` (0: it would raise)."""
+        return self._growth(nbytes, count)[1]
+
+    def _growth(self, nbytes: int, count: int | None) -> tuple[int, int, int]:
+        """(capacity, count, bytes kept) of a growth to slots holding ``nbytes``."""
         capacity = page_round(max(nbytes, int(self.slot_bytes * GROWTH)) if self.slot_bytes else nbytes)
-        # A retired segment's memory goes only when all its slots are free.
-        busy = {s.segment.id for s in self._slots if s.state is not SlotState.FREE}
-        kept = sum(seg.size for sid, seg in self._segments.items() if sid in busy)
+        kept = self._kept_bytes()
         # as many as the target for the new size, plus those added for held batches
         target = self._target_for(capacity)
         wanted = target + max(0, self.num_slots - self.target_slots) if count is None else count
-        count = min(wanted, (self.max_bytes - kept) // capacity)
+        return capacity, max(0, min(wanted, (self.max_bytes - kept) // capacity)), kept
+
+    def grow_capacity(self, nbytes: int, count: int | None = None) -> None:
+        """Replace the slots with larger ones holding at least ``nbytes``: ``count`` of them,
+        by default as many as the ring had (at least ``target_slots``), or as many as fit
+        under the bound beside the busy old slots (NOTE [ What counts against the bound ])."""
+        capacity, count, kept = self._growth(nbytes, count)
         if count < 1:
             raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",
                              kept + capacity)
         for slot in self._slots:
             slot.retired = True
+        self._retired = list(self._slots)
         for slot in self._free[:]:
             self._free.remove(slot)
             self._drop(slot)
@@ -222,8 +271,26 @@ class Ring:
             f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, over its bound of "
             f"{format_bytes(self.max_bytes)} ({self.bound_source}). {has} {advice}")
 
+    # NOTE [ The ring stops at what fits ]
+    # The bound is an estimate: /dev/shm's free space is read once, and other processes
+    # (another loader, the user's own segments) share it; the address space may be
+    # limited too (ulimit -v). A ring that asked for all the slots its bound allowed in one
+    # segment failed with SharedMemoryError though fewer would have fitted, and the loader
+    # stopped where it could have gone on with the slots it had. So when a segment cannot
+    # be had, the ring asks for half as many slots, down to one: it stops growing at what
+    # fits. Only when not even one slot can be had does the SharedMemoryError reach the
+    # caller, and the allocator takes it as it takes the bound's RingFullError: a batch
+    # waits while a slot can still come back, and the error is raised once none can
+    # (allocation.py). The bound itself stays: the shortage may pass.
     def _add_segment(self, count: int) -> None:
-        seg = self._make_segment(self._next_id, count * self.slot_bytes)
+        while True:
+            try:
+                seg = self._make_segment(self._next_id, count * self.slot_bytes)
+                break
+            except SharedMemoryError:
+                if count == 1:
+                    raise
+                count //= 2
         self._next_id += 1
         self._segments[seg.id] = seg
         self._live[seg.id] = count
@@ -237,6 +304,8 @@ class Ring:
             seg.close()
         self._segments.clear()
         self._live.clear()
+        self._given_back.clear()
+        self._retired.clear()
         self._free.clear()
         for slot in self._slots:
             slot.ring = None  # late releases of held batches are ignored

@@ -82,12 +82,9 @@ class Session:
         self._stream_points: dict[int, StreamPoint] = {}
         # A restarted worker that held no draw: where its stream starts, for its next draw.
         self._pending_restores: dict[int, StreamPoint] = {}
-        if cfg.max_shm_bytes is not None:
-            bound, source = cfg.max_shm_bytes, "max_shm_bytes"
-        else:
-            bound, source = default_max_shm_bytes()
-        self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._target_slots, bound, bound_source=source,
-                         on_attach=self._attach, on_detach=self._detach)
+        # (without max_shm_bytes, the bound is read once the loader's own segments exist: below)
+        self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._target_slots, cfg.max_shm_bytes or 0,
+                         bound_source="max_shm_bytes", on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
         self._retune_at = 4 * cfg.num_workers  # completions after which the depth is retuned (_retune)
         self.allocator = SlotAllocator(self.ring, self.dispatcher)
@@ -103,6 +100,13 @@ class Session:
                                          UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn), cfg.stream_shuffle)
             for h in self.supervisor.workers:
                 self._send_board(h.id)
+            if cfg.max_shm_bytes is None:
+                # NOTE [ The default bound leaves out the loader's own segments ]
+                # /dev/shm's free space is read after the board and the control segment
+                # (about 1 MiB with 4 workers) took their share. Read before, it counted
+                # them as room for the ring, which then grew to a size it could not reserve
+                # (a SharedMemoryError on a 37 MiB /dev/shm, where 24 MiB loaded fine).
+                self.ring.max_bytes, self.ring.bound_source = default_max_shm_bytes()
             if profile is not None:
                 profile.attach(self)
             if cfg.slot_bytes:

@@ -19,7 +19,9 @@ of a page when /dev/shm is full kills the process with SIGBUS. Reserving up fron
 a shortage into a :class:`SharedMemoryError` at a well-defined moment, with advice.
 
 Memory is freed when the last mapping goes: the main process's views of a retired
-segment keep it alive exactly as long as the user holds them.
+segment keep it alive exactly as long as the user holds them. Before that, the ring gives
+back the pages of a retired segment's free slots (:meth:`Segment.release`; NOTE [ What
+counts against the bound ] in ring.py).
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class Segment:
         self.size = size
         self.fd = -1
         self._pinned: PinnedRegion | None = None
+        self.releases = False  # can release() give pages back? (not page-locked ones)
         # From shm_open to the last attribute set, a Ctrl-C would leave a name in /dev/shm
         # or a descriptor no object owns: it waits (NOTE [ Interrupts wait for a window ]).
         try:
@@ -157,6 +160,7 @@ class Segment:
                     os.close(fd)
                     raise
                 self.fd = fd
+                self.releases = self._pinned is None and hasattr(mmap, "MADV_REMOVE")
                 # a segment dropped without close() (a Ctrl-C between its creation and its
                 # owner's bookkeeping) still gives its descriptor back
                 self._fd_closer = weakref.finalize(self, os.close, fd)
@@ -175,6 +179,18 @@ class Segment:
         if self._pinned is not None:
             return self._pinned.window(offset, count)
         return np.frombuffer(self.mmap, dtype=np.uint8, count=count, offset=offset)
+
+    def release(self, offset: int, nbytes: int) -> bool:
+        """Give ``nbytes`` at ``offset`` back to /dev/shm (a retired slot nobody uses): the
+        pages leave the tmpfs file, and so every process's mapping of them, and read as
+        zeros if touched again. False if they could not be (they stay until close())."""
+        if not self.releases or self.fd < 0:
+            return False
+        try:
+            self.mmap.madvise(mmap.MADV_REMOVE, offset, nbytes)
+        except (OSError, ValueError):
+            return False
+        return True
 
     def close(self) -> None:
         """Give up the main process's own hold. Views the user still holds keep the memory

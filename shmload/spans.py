@@ -78,7 +78,7 @@ class SplitBatches:
             split.slot = s.allocator.slot_for_split(nbytes)
         if split.slot is None or split.slot.capacity < nbytes:
             return False
-        s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot))
+        s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot, fits=True))
         s.supervisor.send(wid, Reassign(key[0], key[1], split.slot.ref))
         return True
 
@@ -119,7 +119,8 @@ class SplitBatches:
         serves slots earliest batch first: behind a later batch that waits for a larger
         slot, this one would wait for ever. So it goes to a live worker holding no later
         batch (the fewest tasks among them), and only if there is none to the one with
-        the fewest tasks."""
+        the fewest tasks: the allocator then serves the batch it waits behind first
+        (NOTE [ Earliest as the workers see it ], allocation.py)."""
         s = self._s
         # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
         ids = [h.id for h in s.supervisor.live()] or [h.id for h in s.supervisor.workers]

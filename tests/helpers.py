@@ -32,15 +32,18 @@ class RangeDataset:
 
 
 class ImageDataset:
-    """A dict sample: a uint8 image filled with i, an int label, a string name."""
+    """A dict sample: a uint8 image filled with i, an int label, a string name; each
+    sample sleeps ``delay`` seconds first (a decode's time)."""
 
-    def __init__(self, n: int, shape=(3, 8, 8)):
-        self.n, self.shape = n, shape
+    def __init__(self, n: int, shape=(3, 8, 8), delay: float = 0.0):
+        self.n, self.shape, self.delay = n, shape, delay
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> dict:
+        if self.delay:
+            time.sleep(self.delay)
         return {"image": np.full(self.shape, i % 256, np.uint8), "label": i, "name": f"sample-{i}"}
 
 

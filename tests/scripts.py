@@ -17,16 +17,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+def run_script(args: list[str], timeout: float, prefix: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess:
     """``python *args`` from the checkout's root, importing this checkout's shmload, with
-    ``env`` added to the environment (a value of None removes the variable)."""
+    ``env`` added to the environment (a value of None removes the variable); ``prefix``
+    runs it through another command first (:func:`small_shm`)."""
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     for key, value in env.items():
         if value is None:
             environ.pop(key, None)
         else:
             environ[key] = value
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environ, text=True,
+    proc = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=environ, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -37,6 +38,23 @@ def run_script(args: list[str], timeout: float, **env: str) -> subprocess.Comple
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.session = proc.pid  # the session's id (its leader's pid), to look for what it left
     return result
+
+
+def can_unshare() -> bool:
+    """Can this process give a script a private /dev/shm (:func:`small_shm`)? Root and
+    ``unshare`` are needed."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10)
+    return probe.returncode == 0
+
+
+def small_shm(size: str) -> tuple[str, ...]:
+    """A :func:`run_script` prefix: the script runs in a mount namespace of its own, on a
+    fresh /dev/shm of ``size`` (tmpfs's size=, e.g. "16m"), which goes with it."""
+    return ("unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh")
 
 
 def describe(result: subprocess.CompletedProcess) -> str:

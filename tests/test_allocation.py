@@ -15,7 +15,7 @@ from collections import deque
 
 import pytest
 
-from shmload import RingFullError
+from shmload import RingFullError, SharedMemoryError
 from shmload.allocation import Grant, SlotAllocator, Waiting
 from shmload.dispatch import Dispatcher, InFlight
 from shmload.errors import format_bytes
@@ -29,8 +29,13 @@ IT = 1  # the current iteration
 
 
 class FakeSegment:
+    releases = False  # a page-locked segment's: counted in full until closed
+
     def __init__(self, sid, size):
         self.id, self.size, self.closed = sid, size, False
+
+    def release(self, offset, nbytes):
+        raise AssertionError("release() on a segment that cannot release")
 
     def close(self):
         self.closed = True
@@ -41,9 +46,9 @@ class World:
     workers and the allocator over them; each method brings them to a state the way the
     session does, and returns the world so that a table row can chain them."""
 
-    def __init__(self, target=3, bound=64, workers=3, per_worker=8):
+    def __init__(self, target=3, bound=64, workers=3, per_worker=8, segment=FakeSegment):
         self.events = []
-        self.ring = Ring(FakeSegment, target, bound * PAGE,
+        self.ring = Ring(segment, target, bound * PAGE,
                          on_attach=lambda s: self.events.append(("attach", s.id)),
                          on_detach=lambda s: self.events.append(("detach", s.id)))
         self.dispatcher = Dispatcher(workers, per_worker)
@@ -174,6 +179,9 @@ FOR_TASK = [
                  id="past the bound, every slot HELD, an earlier batch slotless: wait, no raise"),
     pytest.param(lambda: World(target=2).slots("..").slotless(0, 1, iteration=IT - 1), SLOT, 2,
                  id="slotless batches of an earlier iteration do not count"),
+    pytest.param(lambda: World(target=3, bound=6, workers=2).sized(2).task(0, 0).task(1, 1).asks(1, 1, 2 * PAGE)
+                 .serve(), WAIT, 2,
+                 id="an earlier batch holds a slot retired by growth (it may not fit): the free slot stays for it"),
 ]
 
 
@@ -208,6 +216,29 @@ def test_for_task_waits_only_while_a_worker_waits():
     assert [g.seq for g in world.grants] == [0] and not world.alloc.waiting
     ok, slot = world.alloc.for_task(IT)
     assert ok and slot.capacity >= 2 * PAGE
+
+
+def shm_of(pages):
+    """A segment factory for a /dev/shm that holds ``pages`` pages in all (others share it)."""
+    free = [pages * PAGE]
+
+    def segment(sid, size):
+        if size > free[0]:
+            raise SharedMemoryError("could not reserve")
+        free[0] -= size
+        return FakeSegment(sid, size)
+    return segment
+
+
+def test_for_task_under_a_full_dev_shm_waits_while_a_slot_can_come_back_else_raises():
+    # NOTE [ The ring stops at what fits ]: /dev/shm holds 2 pages, the bound says 64
+    world = World(target=4, segment=shm_of(2)).slots("F.")
+    ok, slot = world.alloc.for_task(IT)  # the free slot, no error from the growth toward the target
+    assert ok and slot is not None and world.ring.num_slots == 2
+    assert world.alloc.for_task(IT) == (False, None)  # none free, slots FILLING: wait
+    world = World(target=2, segment=shm_of(2)).slots("HH")
+    with pytest.raises(SharedMemoryError, match="could not reserve"):  # nothing can come back
+        world.alloc.for_task(IT)
 
 
 # ---------------------------------------------------------------- wants
@@ -274,6 +305,12 @@ SERVE = [
     pytest.param(lambda: World(target=2, bound=8).slots("HH").task(0, 0, slot=False).asks(0, 0, PAGE),
                  [(0, 0)], [], 4, 1,
                  id="every slot HELD under the bound: slots added for it"),
+    # NOTE [ Earliest as the workers see it ]: batch 0 (a split batch loaded again whole)
+    # is queued behind batch 2 on worker 0, so batch 2 goes first and batch 1 after both
+    pytest.param(lambda: World(target=8, bound=2, workers=2).task(0, 2, slot=False).task(0, 0, slot=False)
+                 .task(1, 1, slot=False).asks(0, 2, PAGE).asks(1, 1, PAGE),
+                 [(0, 2)], [1], 2, 1,
+                 id="a later batch ahead of an earlier one on its worker: it goes first, the last slot stays for it"),
 ]
 
 
@@ -304,10 +341,6 @@ def test_serve_grants_nothing_more_once_the_bound_is_hit_and_serves_the_rest_lat
     assert world.grants == [Grant(2, IT, 2, world.slot_of(2, 2))] and world.waiting() == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the overtaking rule is checked against the free slots before growth: growing to larger "
-    "slots can leave fewer of them than the earlier slotless batches need, and the later batch "
-    "takes the last one"))
 def test_growth_keeps_the_overtaking_rule():
     # Bound 7 pages; the consumer holds batch 0 (segment 0, 2 pages, stays mapped); batch 1
     # was sent without a slot and has not asked; batch 2 needs 3 pages. Beside segment 0 only
@@ -320,6 +353,17 @@ def test_growth_keeps_the_overtaking_rule():
     world.asks(0, 1, PAGE).serve()
     assert [(g.worker, g.seq) for g in world.grants] == [(0, 1), (1, 2)]
     assert world.slot_of(1, 2).capacity >= 3 * PAGE and world.ring.nbytes <= world.ring.max_bytes
+
+
+def test_growth_waits_while_an_earlier_batch_may_need_a_slot_of_the_new_size():
+    # Growth retires batch 0's slot too; only one 3-page slot fits beside its segment, and
+    # batch 0 may turn out larger than its old slot: batch 1 waits (no error) until it is in.
+    world = World(target=4, bound=6, workers=2).sized(2).task(0, 0).task(1, 1).asks(1, 1, 3 * PAGE).serve()
+    assert world.grants == [] and world.waiting() == [1]
+    world.alloc.raise_if_stuck(IT, 0)
+    world.alloc.raise_if_stuck(IT, None)
+    world.ready(0, 0).serve()
+    assert [g.seq for g in world.grants] == [1] and world.slot_of(1, 1).capacity >= 3 * PAGE
 
 
 # ---------------------------------------------------------------- raise_if_stuck
@@ -346,11 +390,6 @@ def loading_world():
     assert world.ring.free_slots() == 2
     return world
 
-
-IN_ORDER_FALSE_LOADING = pytest.mark.xfail(strict=True, raises=RingFullError, reason=(
-    "with in_order=False only tasks holding a slot count as able to help; a task still "
-    "loading without a slot, which a free slot fits, can still be delivered (as the head "
-    "can with in_order=True), yet raise_if_stuck raises"))
 
 STUCK = [
     # (starting state, head (None: in_order=False), raises)
@@ -386,8 +425,10 @@ STUCK = [
                  id="no head, nothing but the consumer holds a slot: raise"),
     pytest.param(lambda: bound_hit(stuck_world().task(0, 0).task(0, 2), 0, 0), None, True,
                  id="no head, only the waiting worker holds a slot: raise"),
-    pytest.param(loading_world, None, False, marks=IN_ORDER_FALSE_LOADING,
+    pytest.param(loading_world, None, False,
                  id="no head, another batch still loading without a slot, a free slot fits it: wait"),
+    pytest.param(lambda: bound_hit(stuck_world().task(0, 2).task(0, 0, slot=False).held(), 0, 2), 0, True,
+                 id="head queued behind a batch that waits on its worker (a redo): raise"),
 ]
 
 

@@ -9,16 +9,35 @@ PAGE = page_round(1)
 
 
 class FakeSegment:
+    releases = False  # a page-locked segment's: counted in full until closed
+
     def __init__(self, sid, size):
         self.id, self.size, self.closed = sid, size, False
+
+    def release(self, offset, nbytes):
+        raise AssertionError("release() on a segment that cannot release")
 
     def close(self):
         self.closed = True
 
 
-def make_ring(target_slots=3, max_bytes=1 << 30):
+class ReleasingSegment(FakeSegment):
+    """A segment that gives a retired free slot's pages back (shm.Segment, not page-locked)."""
+
+    releases = True
+
+    def __init__(self, sid, size):
+        super().__init__(sid, size)
+        self.released = []
+
+    def release(self, offset, nbytes):
+        self.released.append((offset, nbytes))
+        return True
+
+
+def make_ring(target_slots=3, max_bytes=1 << 30, segment=FakeSegment):
     events = []
-    ring = Ring(FakeSegment, target_slots, max_bytes,
+    ring = Ring(segment, target_slots, max_bytes,
                 on_attach=lambda s: events.append(("attach", s.id)),
                 on_detach=lambda s: events.append(("detach", s.id)))
     return ring, events
@@ -119,3 +138,44 @@ def test_filling_to_the_target_takes_a_logarithmic_number_of_segments():
     while ring.num_slots < ring.target_slots:
         ring.add_slots()
     assert ring.num_slots == 514 and len(ring.segments()) <= 11
+
+
+def test_a_retired_segment_that_gives_pages_back_counts_only_its_busy_slots():
+    # NOTE [ What counts against the bound ]: 4 one-page slots, one busy; beside it two
+    # 3-page slots fit a bound of 7 pages (one only if the whole old segment counted)
+    ring, events = make_ring(target_slots=4, max_bytes=7 * PAGE, segment=ReleasingSegment)
+    ring.grow_capacity(PAGE)
+    old = ring.segments()[0]
+    busy = ring.take()
+    assert ring.larger_slots(3 * PAGE) == 2
+    ring.grow_capacity(3 * PAGE)
+    assert ring.num_slots == 2 and ring.retired_filling()
+    assert sorted(old.released) == [(o, PAGE) for o in range(0, 4 * PAGE, PAGE) if o != busy.offset]
+    assert ring.nbytes == PAGE + 6 * PAGE <= ring.max_bytes and not old.closed
+    ring.release(busy)  # its last slot: the segment goes
+    assert old.closed and ("detach", old.id) in events and ring.nbytes == 6 * PAGE and not ring.retired_filling()
+
+
+def test_the_ring_stops_growing_at_what_shared_memory_gives():
+    # NOTE [ The ring stops at what fits ]: a /dev/shm of 3 pages, shared with others
+    from shmload import SharedMemoryError
+
+    free = [3 * PAGE]
+
+    def segment(sid, size):
+        if size > free[0]:
+            raise SharedMemoryError("could not reserve")
+        free[0] -= size
+        return FakeSegment(sid, size)
+
+    ring, _ = make_ring(target_slots=8, segment=segment)
+    ring.grow_capacity(PAGE, count=4)  # 4 slots asked, then 2: made
+    assert ring.num_slots == 2 and ring.max_bytes == 1 << 30  # (the shortage may pass: the bound stays)
+    ring.add_slots()  # 2 asked, 1 made
+    assert ring.num_slots == 3
+    with pytest.raises(SharedMemoryError, match="could not reserve"):  # not even one more
+        ring.add_slots()
+    assert ring.num_slots == 3 and ring.free_slots() == 3  # as it was
+    free[0] = PAGE  # the shortage passed
+    ring.add_slots()
+    assert ring.num_slots == 4
