@@ -334,3 +334,36 @@ def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)
     assert calls == ["first"]
+
+
+_CATCH_THEN_CLOSE = """
+import os, sys
+import numpy as np
+import shmload
+
+class Big:
+    def __len__(self): return 16
+    def __getitem__(self, i): return np.zeros(100_000, np.uint8)
+
+loader = shmload.DataLoader(Big(), batch_size=4, num_workers=2, max_shm_bytes=200_000, timeout=20)
+try:
+    for b in loader:
+        pass
+except shmload.RingFullError:
+    pass
+loader.close()
+children = [c for t in os.listdir("/proc/self/task") for c in open(f"/proc/self/task/{t}/children").read().split()]
+held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}") and "shmload" in os.readlink(f"/proc/self/fd/{fd}")]
+print(len(children), held)
+"""
+
+
+def test_a_finalizer_during_the_first_psutil_import_cleans_up_silently():
+    """Item 7: close() after a caught RingFullError printed "Exception ignored in:
+    <finalize object> ... partially initialized module 'psutil'" and stopped part-way (a
+    session's finalizer ran during the first `import psutil`, which close() did lazily)."""
+    from .scripts import describe, run_script
+    result = run_script(["-c", _CATCH_THEN_CLOSE], timeout=60)
+    assert result.returncode == 0 and result.stderr == "", describe(result)
+    assert result.stdout.split("\n")[0] == "0 []", describe(result)
