@@ -105,8 +105,10 @@ def resolve_context(value) -> multiprocessing.context.BaseContext:
 # user's SIGTERM handler...) in a gate of its own (_Gated), and leaves it installed;
 # outside windows the gate calls the wrapped handler at once, so the only visible change
 # is what signal.getsignal() returns. A handler installed later is wrapped in turn by a later
-# window: SIGINT's and SIGTERM's are looked for at every window, the other signals' at
-# most every SCAN_INTERVAL (a look at all 60 costs ~2 us, too much for every next()).
+# window: SIGINT's, SIGTERM's and those of signals once seen with a Python handler are
+# looked at by every window (a handler installed anew before each call, as the SIGALRM
+# time-out idiom does, is wrapped at once), every other signal's at most every
+# SCAN_INTERVAL (a look at all 60 costs ~2 us, too much for every next()).
 # SIG_DFL and SIG_IGN run no Python code, so there is nothing to defer.
 #
 # Why not pthread_sigmask alone: blocked in the main thread, a signal sent to the
@@ -133,6 +135,8 @@ class _Gate:
     depth = 0  # open windows in the main thread
     pending: list = []  # (gate, signal, frame) of the signals that came during the windows, in order
     next_scan = 0.0  # (time.monotonic) when to look at every signal's handler again
+    watched: tuple[int, ...] = _EVERY_WINDOW  # signals whose handler every window looks at
+    sealed = 0  # open finalizer windows: their waits stay closed (finalizer_window())
 
 
 class _Gated:
@@ -184,41 +188,51 @@ def _wrap(signums: tuple[int, ...]) -> None:
             continue
 
 
-def defer_signals() -> bool:
-    """Open a window; False where there is nothing to defer (another thread). Pass the
-    result to :func:`resume_signals`."""
+def defer_signals() -> int:
+    """Open a window. Returns what :func:`resume_signals` must be given: the depth of
+    windows before this one, or -1 where there is nothing to defer (another thread)."""
     if threading.get_ident() != _MAIN_THREAD:
-        return False
-    if _Gate.depth == 0:
-        _wrap(_EVERY_WINDOW)
+        return -1
+    before = _Gate.depth
+    if before == 0:
+        _wrap(_Gate.watched)
         now = time.monotonic()
         if now >= _Gate.next_scan:
             _Gate.next_scan = now + SCAN_INTERVAL
-            _wrap(_CATCHABLE)
-    _Gate.depth += 1
-    return True
+            _scan()
+    _Gate.depth = before + 1
+    return before
+
+
+def _scan() -> None:
+    """Look at every signal's handler; one found with a Python handler is watched from
+    then on."""
+    found = tuple(signum for signum in _CATCHABLE if callable(_getsignal(signum)))
+    _Gate.watched = tuple(dict.fromkeys(_Gate.watched + found))
+    _wrap(_Gate.watched)
 
 
 def _deliver_pending() -> None:
-    """Hand on the signals that came during the windows (depth is 0). If a handler
-    raises, the signals after it are raised again, to be handed on at once after it, as
-    Python does with signals pending when a handler raises."""
-    pending, _Gate.pending = _Gate.pending, []
-    for i, (gate, signum, frame) in enumerate(pending):
-        try:
-            gate.hand_on(signum, frame)
-        except BaseException:
-            for _, later, _ in pending[i + 1:]:
-                signal.raise_signal(later)
-            raise
+    """Hand on the signals that came during the windows (depth is 0), in order. If a
+    handler raises, the signals after it stay pending, handed on as the next window
+    closes (or a wait opens); a handler's exception is not lost for another's."""
+    while _Gate.pending:
+        gate, signum, frame = _Gate.pending.pop(0)
+        gate.hand_on(signum, frame)
 
 
-def resume_signals(entered: bool) -> None:
-    """Close a window: a signal that came meanwhile is handed on now."""
-    if not entered:
+# NOTE [ A window restores the depth it found ]
+# resume_signals() sets the depth back to what defer_signals() found, rather than count
+# down: an interrupt can be handed on at the first bytecode of interruptible.__exit__,
+# before it has put the depth back, and a count then went on from 0 to -1, which kept
+# every later signal pending for ever.
+def resume_signals(before: int) -> None:
+    """Close a window (``before``: what :func:`defer_signals` returned): a signal that
+    came meanwhile is handed on now."""
+    if before < 0:
         return
-    _Gate.depth -= 1
-    if _Gate.depth == 0 and _Gate.pending:
+    _Gate.depth = before
+    if before == 0 and _Gate.pending:
         _deliver_pending()
 
 
@@ -230,7 +244,7 @@ class interruptible:
     __slots__ = ("_depth",)
 
     def __enter__(self) -> None:
-        self._depth = depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD else 0
+        self._depth = depth = _Gate.depth if threading.get_ident() == _MAIN_THREAD and not _Gate.sealed else 0
         if depth:
             _Gate.depth = 0
             if _Gate.pending:
@@ -245,6 +259,22 @@ class interruptible:
             _Gate.depth = self._depth
 
 
+def acquire(lock: Any, timeout: float | None = None) -> bool:
+    """Take ``lock`` inside a window: the wait for it is open to interrupts, taking it is
+    not, so that an interrupt never leaves it taken by nobody (one handed on as a wait
+    that has taken it ends would be raised past the caller's ``try``). False if
+    ``timeout`` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not lock.acquire(False):
+        left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        with interruptible():
+            if lock.acquire(True, left):  # (only to wait for it: given back at once)
+                lock.release()
+    return True
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
     """A window as a ``with`` block (NOTE [ Interrupts wait for a window ])."""
@@ -253,6 +283,50 @@ def signals_deferred() -> Iterator[None]:
         yield
     finally:
         resume_signals(entered)
+
+
+# NOTE [ An interrupt during a finalizer ]
+# Python prints and drops whatever a weakref finalizer raises ("Exception ignored in"),
+# and a finalizer runs wherever the garbage collector or a dropped reference runs it
+# (`for b in loader: break` closes the iterator's workers at the break). An interrupt
+# handed on inside one would be lost, and the close it cut left unfinished for good (a
+# finalizer runs once). So a close run by a finalizer is a window whose waits stay
+# closed (it takes at most the workers' bounded shutdown, about 2 s), and the signals
+# that came during it are sent to the process again by a helper thread RESEND_DELAY
+# after it, so that their handlers run in the user's code (Thread.start() itself waits
+# for the thread, still inside the finalizer: hence the delay).
+@contextlib.contextmanager
+def finalizer_window() -> Iterator[None]:
+    """A window for a finalizer's work (NOTE [ An interrupt during a finalizer ])."""
+    before = defer_signals()
+    if before < 0:
+        yield
+        return
+    _Gate.sealed += 1
+    try:
+        yield
+    finally:
+        _Gate.sealed -= 1
+        _Gate.depth = before
+        if before == 0 and _Gate.pending:
+            again = [signum for _, signum, _ in _Gate.pending]
+            _Gate.pending = []
+            _send_later(again)
+
+
+RESEND_DELAY = 0.01  # seconds: a finalizer's close is over by then (the thread starts within it)
+
+
+def _send_later(signums: list[int]) -> None:
+    def send() -> None:
+        time.sleep(RESEND_DELAY)
+        for signum in signums:
+            os.kill(os.getpid(), signum)
+    try:
+        threading.Thread(target=send, name="shmload-signal-again", daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: no new threads; sent now (its handler may be lost)
+        for signum in signums:
+            os.kill(os.getpid(), signum)
 
 
 # Signals a process is sent by others (not the ones a fault raises in the thread itself).
@@ -288,7 +362,7 @@ def start_window() -> Iterator[None]:
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            gate = _getsignal(_SIGINT) if entered else None
+            gate = _getsignal(_SIGINT) if entered >= 0 else None
             gated = type(gate) is _Gated
             if gated:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -47,10 +47,6 @@ class _Outcome:
     def __init__(self, value: Any, error: BaseException | None):
         self.value, self.error = value, error
 
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class _Epoch:
@@ -79,7 +75,7 @@ class _Epoch:
     # calls samples (they differ unless batch_size is None or 1). Scripts and torch's own
     # tests match its words and count its warnings, so they are torch's, each time, and
     # point at the line that called next() (stacklevel: this method, then __next__).
-    def _check_reported_len(self) -> None:
+    def _check_reported_len(self, stacklevel: int) -> None:
         self._yielded += 1
         if self._yielded > self.reported_len:
             warnings.warn(
@@ -88,7 +84,7 @@ class _Epoch:
                 + ("For multiprocessing data-loading, this could be caused by not properly configuring the "
                    "IterableDataset replica at each worker. Please see "
                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
-                   if self._cfg.num_workers > 0 else ""), UserWarning, stacklevel=3)
+                   if self._cfg.num_workers > 0 else ""), UserWarning, stacklevel=stacklevel)
 
     def _begin(self) -> None:
         self.epoch, self.schedule, self.progress = self._claim()
@@ -110,51 +106,71 @@ class _Epoch:
     def __iter__(self) -> _Epoch:
         return self
 
-    def __next__(self) -> Any:
-        # One next() at a time: threads sharing an iterator get each batch exactly once.
-        with self._lock:
-            batch = self._next_windowed()
-            if self.reported_len is not None:
-                self._check_reported_len()
-            return batch
-
     # NOTE [ An interrupt during next() ]
     # next() is the loader's own bookkeeping plus one wait (for the workers; with
-    # num_workers=0, the dataset's own code, which an interrupt must be able to cut), and
-    # an interrupt (Ctrl-C, or a preemption handler's SystemExit) cutting the bookkeeping
-    # in two would lose a batch or leave a slot, a task or a result half filed. So next()
-    # runs as one window (_platform.py, NOTE [ Interrupts wait for a window ]) in which
-    # only that wait is open to a signal's handler (nothing is half done there, and
-    # nothing was taken: the same batch comes next). A signal that came during the
-    # bookkeeping is handed on as next() ends, and the batch (or the dataset's exception)
-    # this next() had ready is kept and is what the following next() returns: going on
-    # with the same iterator yields every batch exactly once, and a state saved meanwhile
-    # (the handler's checkpoint) counts a kept batch as not delivered (progress.held).
-    def _next_windowed(self) -> Any:
+    # num_workers=0, the dataset's own code, which an interrupt must be able to cut; and
+    # for another thread's next() of the same iterator or session), and an interrupt
+    # (Ctrl-C, or a preemption handler's SystemExit) cutting the bookkeeping in two would
+    # lose a batch or leave a slot, a task or a result half filed. So next() runs as one
+    # window (_platform.py, NOTE [ Interrupts wait for a window ]) in which only those
+    # waits are open to a signal's handler (nothing is half done there, and nothing was
+    # taken: the same batch comes next). A signal that came during the bookkeeping is
+    # handed on as next() ends, after the lock is given back, and the batch (or the
+    # dataset's exception) this next() had ready is kept and is what the following next()
+    # returns: going on with the same iterator yields every batch exactly once, and a
+    # state saved meanwhile (the handler's checkpoint) counts a kept batch as not
+    # delivered (progress.held). The window's close is next()'s last call, so in a `for`
+    # loop the batch is bound to the loop's variable before any handler can run.
+    def __next__(self) -> Any:
+        # One next() at a time: threads sharing an iterator get each batch exactly once.
+        entered = _platform.defer_signals()
+        if entered < 0:  # another thread than the main one: Python runs handlers in the main one
+            with self._lock:
+                outcome = self._outcome()
+        else:
+            try:
+                _platform.acquire(self._lock)
+                try:
+                    outcome = self._outcome()
+                finally:
+                    self._lock.release()
+            except BaseException:  # an interrupt from a wait: nothing was taken
+                _platform.resume_signals(entered)
+                raise
+            progress = self.progress if outcome.error is None else None
+            self._replay = outcome  # kept if the close below hands on an interrupt that raises
+            if progress is not None:
+                progress.held = True  # until handed over: a state saved by the interrupt's handler has it to come
+            _platform.resume_signals(entered)
+            if progress is not None:
+                progress.held = False
+            self._replay = None
+        if outcome.error is not None:  # (in-line: a call here would let a handler run, the batch kept by no one)
+            error, outcome = outcome.error, None
+            try:
+                raise error
+            finally:
+                error = None  # (this frame, in the error's traceback, must not hold the error: a cycle)
+        return outcome.value
+
+    def _outcome(self) -> _Outcome:
+        """What this next() hands over: the batch (or error) a next() cut by an interrupt
+        kept, else the next batch, or its error. An interrupt from a wait is raised."""
         replay = self._replay
         if replay is not None:
             self._replay = None
             if self.progress is not None:  # (None: the epoch's start raised)
                 self.progress.held = False
-            return replay.outcome()
-        entered = _platform.defer_signals()
+            return replay
         try:
             batch = self._next_timed()
         except BaseException as exc:
-            if _platform.raised_by_signal(exc):  # from the wait: nothing was taken
-                _platform.resume_signals(entered)
+            if _platform.raised_by_signal(exc):
                 raise
-            self._replay = _Outcome(None, exc)  # kept if the resume below hands on an interrupt that raises
-            _platform.resume_signals(entered)
-            self._replay = None
-            raise
-        progress = self.progress
-        self._replay = _Outcome(batch, None)
-        progress.held = True  # until handed over: a state saved by the interrupt's handler has it to come
-        _platform.resume_signals(entered)
-        progress.held = False
-        self._replay = None
-        return batch
+            return _Outcome(None, exc)
+        if self.reported_len is not None:
+            self._check_reported_len(4)  # (pointing at the caller of next(): this, __next__, it)
+        return _Outcome(batch, None)
 
     def _next_timed(self) -> Any:
         clock = self._profile.consumer
@@ -183,6 +199,8 @@ class _Epoch:
 class SingleProcessEpoch(_Epoch):
     """``num_workers=0``: each batch is loaded when asked for, in the calling process."""
 
+    _cut_stream = False  # an interrupt cut the source's own code in a draw (_produce)
+
     def __init__(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Schedule, Any]], length: int | None,
                  profile: Profile, stream: Stream | None = None):
         self._cfg, self._claim, self._length = cfg, claim, length
@@ -201,6 +219,11 @@ class SingleProcessEpoch(_Epoch):
             self._wrap = pin if wrap is None else (lambda a: wrap(pin(a)))
 
     def _produce(self) -> Any:
+        if self._cut_stream:
+            raise ShmloadError(
+                "this epoch's iterable source was interrupted inside its own code, which cannot be taken up "
+                "where it was cut (a generator ends where an exception passes through it): to go on, call "
+                "loader.load_state_dict(loader.state_dict()) and iterate again; the draw that was cut is read again")
         if self.schedule is None:
             self._begin()
         while True:
@@ -213,11 +236,16 @@ class SingleProcessEpoch(_Epoch):
             # the dataset's code (NOTE [ An interrupt during next() ]) leaves it planned,
             # so the next next() loads the same batch again, with the same seeds, as the
             # saved state (which did not count it as delivered) says. A stream's draw
-            # cannot be taken back from the source, so it is taken at once.
-            if type(planned.load) is Draw:
+            # cannot be taken back from the source: one cut ends the iterator (above).
+            draw = type(planned.load) is Draw
+            if draw:
                 self.schedule.commit()
-            batch = self._load(planned)
-            if type(planned.load) is not Draw:
+            try:
+                batch = self._load(planned)
+            except BaseException as exc:
+                self._cut_stream = draw and _platform.raised_by_signal(exc)
+                raise
+            if not draw:
                 self.schedule.commit()
             if batch is not ENDED:
                 return batch
@@ -274,6 +302,8 @@ class SingleProcessEpoch(_Epoch):
 
 
 _LATER = object()  # MultiprocessEpoch._spans: dispatch this batch later
+_TAKEN_OVER = ("this iterator can no longer be used: a newer iter() of the same loader (persistent_workers=True) "
+               "or close() took over its workers")
 HOLD_BACK_MIN = 0.005  # seconds: a batch loaded faster is never held back at an epoch's end (_fast)
 
 
@@ -285,8 +315,7 @@ class MultiprocessEpoch(_Epoch):
         self._cfg, self._session = cfg, session
         self._claim, self._length = claim, length
         self._lock = session.lock  # NOTE [ Threads sharing a session ] (session.py)
-        with _platform.interruptible():  # (a wait for another thread's next(), nothing half done)
-            self._lock.acquire()
+        _platform.acquire(self._lock)  # (in open_epoch's window: waiting for another thread's next())
         try:
             self._iteration = session.begin_iteration()
         finally:
@@ -295,7 +324,7 @@ class MultiprocessEpoch(_Epoch):
         self._exhausted = False
         # Non-persistent workers live as long as this iterator: break, del, garbage
         # collection and interpreter exit all stop them.
-        self._stop = weakref.finalize(self, Session.close, session) if owns_session else None
+        self._stop = weakref.finalize(self, Session.close, session, True) if owns_session else None
         self._done = False
         self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
         self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
@@ -307,8 +336,7 @@ class MultiprocessEpoch(_Epoch):
             raise ShmloadError("this iterator's workers belong to the process that created it (pid "
                                f"{self._session.owner_pid}), not to this forked child: call iter(loader) here")
         if self._session.iteration != self._iteration or self._session.closed:
-            raise ShmloadError("this iterator can no longer be used: a newer iter() of the same loader "
-                               "(persistent_workers=True) or close() took over its workers")
+            raise ShmloadError(_TAKEN_OVER)
         if self.schedule is None:
             self._begin()
         try:
@@ -346,6 +374,8 @@ class MultiprocessEpoch(_Epoch):
                     raise self._timed_out()
                 wait = min(wait, deadline - now)
             results = self._session.poll(wait)
+            if self._session.closed:  # close() from another thread, waiting for this next() to let go
+                raise ShmloadError(_TAKEN_OVER)
             for result in results:
                 if type(result) is Ended:
                     self.schedule.ended(result.worker)  # no more draws from it

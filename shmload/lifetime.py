@@ -13,7 +13,12 @@ of a buffer, so such a finalizer fires while views still live.
 
 The weakref callback only appends to a deque: it may run at any moment (inside garbage
 collection, in another thread, in the middle of the loader's own code), so the
-iterator drains the deque in its own code before it reuses any slot.
+iterator drains the deque in its own code before it reuses any slot. The callback is
+the deque's own ``append`` (C), not a Python function: Python runs a signal's handler
+at the first bytecode of a Python callback, and drops whatever it raises there
+("Exception ignored in"), so a preemption handler's SystemExit landing as the `for`
+loop dropped the previous batch was lost (NOTE [ An interrupt during a finalizer ],
+_platform.py). With no bytecode in the callback, the handler runs in the user's code.
 """
 
 from __future__ import annotations
@@ -34,16 +39,17 @@ class ReleaseQueue:
     """Slots whose batches the user has dropped. Filled by weakref callbacks only."""
 
     def __init__(self) -> None:
-        self._slots: deque[Slot] = deque()
+        self._dead: deque[weakref.ref] = deque()  # the watches of dropped batches, appended by C
+        self._watched: dict[int, Slot] = {}  # id(watch) -> its slot (the slot holds the watch)
 
     def watch(self, owner: np.ndarray, slot: Slot) -> None:
-        push = self._slots.append
-        slot.watch = weakref.ref(owner, lambda _ref, slot=slot: push(slot))
+        slot.watch = watch = weakref.ref(owner, self._dead.append)
+        self._watched[id(watch)] = slot
 
     def drain(self) -> list[Slot]:
         out = []
-        while self._slots:
-            out.append(self._slots.popleft())
+        while self._dead:
+            out.append(self._watched.pop(id(self._dead.popleft())))
         return out
 
 

@@ -122,7 +122,7 @@ class DataLoader:
         self._resume: dict | None = None  # a loaded state, for the next epoch to begin
         self._progress: Any = None  # the newest iterator's record (resume.py), kept when it is gone; None: not begun
         self._sessions = SessionPool()
-        self._finalizer = weakref.finalize(self, SessionPool.close, self._sessions)
+        self._finalizer = weakref.finalize(self, SessionPool.close, self._sessions, True)
         self._initialized = True
 
     # DataLoader[Batch] in annotations, as torch's DataLoader is Generic
@@ -443,7 +443,7 @@ class DataLoader:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _cfg=None, _sessions=SessionPool(), _claiming=threading.Lock())
-        self.__dict__["_finalizer"] = weakref.finalize(self, SessionPool.close, self._sessions)
+        self.__dict__["_finalizer"] = weakref.finalize(self, SessionPool.close, self._sessions, True)
 
     def __repr__(self) -> str:
         if self.num_workers == 0:

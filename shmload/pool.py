@@ -10,6 +10,7 @@ forked child's pool starts its own workers.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, Callable
@@ -34,8 +35,11 @@ class SessionPool:
         self.profile = Profile()  # always on: see profiler/profile.py and loader.stats()
         self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
         # Two threads' iter() must not both start a persistent session, nor one close the
-        # session another's iterator is using (NOTE [ Threads sharing a session ]).
+        # session another's iterator is using (NOTE [ Threads sharing a session ]). A
+        # forked child takes a lock of its own: one another thread held at the fork would
+        # be held for ever there.
         self._opening = threading.Lock()
+        self._opening_pid = os.getpid()
 
     def starts_workers(self, cfg: LoaderConfig) -> bool:
         """Does ``open_epoch(cfg)`` start worker processes? With ``num_workers > 0``, always
@@ -50,12 +54,21 @@ class SessionPool:
                    loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
         """The iterator of the next epoch, with its session (started now, as torch's
         ``iter()`` starts its workers) or none for ``num_workers=0``."""
-        with _platform.interruptible():  # (waiting for another thread's iter(), nothing half done)
-            self._opening.acquire()
+        if self._opening_pid != os.getpid():
+            self._opening, self._opening_pid = threading.Lock(), os.getpid()
+        # A window (_platform.py, NOTE [ Interrupts wait for a window ]): waiting for
+        # another thread's iter() is open to an interrupt, and starting workers is not; an
+        # interrupt is handed on once the session is whole and owned, by the loader
+        # (persistent) or by the iterator, whose finalizer closes it.
+        entered = _platform.defer_signals()
         try:
-            return self._open_epoch(cfg, claim, length, loader)
+            _platform.acquire(self._opening)
+            try:
+                return self._open_epoch(cfg, claim, length, loader)
+            finally:
+                self._opening.release()
         finally:
-            self._opening.release()
+            _platform.resume_signals(entered)
 
     def _open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                     loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
@@ -63,25 +76,13 @@ class SessionPool:
             self.persistent = None  # inherited through a fork: those workers are not ours
             self.live = weakref.WeakSet()
         if self.persistent is not None and self.persistent.cfg is not cfg:
-            with _platform.interruptible():  # an older iterator's next() in progress ends first
-                self.persistent.lock.acquire()
-            try:
-                self.persistent.close()  # settings changed since its workers started
-            finally:
-                self.persistent.lock.release()
+            self.persistent.close()  # settings changed since its workers started
             self.persistent = None
         if cfg.num_workers == 0:
             if cfg.iterable and self.stream is None:
                 self.stream = Stream(cfg.dataset)  # reset_state(), once per loader
             return SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
-        # Starting workers is one window (_platform.py, NOTE [ Interrupts wait for a window ]):
-        # an interrupt is handed on once the session is whole and owned, by the loader
-        # (persistent) or by the iterator, whose finalizer closes it.
-        entered = _platform.defer_signals()
-        try:
-            return self._multiprocess_epoch(cfg, claim, length, loader)
-        finally:
-            _platform.resume_signals(entered)
+        return self._multiprocess_epoch(cfg, claim, length, loader)
 
     def _multiprocess_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                             loader: Any) -> MultiprocessEpoch:
@@ -98,8 +99,9 @@ class SessionPool:
             session.close()
             raise
 
-    def close(self) -> None:
+    def close(self, finalizing: bool = False) -> None:
+        """Close every session (``finalizing``: run by the loader's finalizer)."""
         for session in [self.persistent, *self.live]:
             if session is not None:
-                session.close()
+                session.close(finalizing)
         self.persistent = None

@@ -46,6 +46,12 @@ from .supervisor import Supervisor, owned_here
 from .worker import UserCode
 
 
+# Seconds close() waits for another thread's next() in progress to see the session
+# closed and let go (it looks after every wait, at most epoch.POLL_INTERVAL); past it, a
+# next() stuck elsewhere is not waited for.
+CLOSE_WAIT = 5.0
+
+
 class WorkersBusy(NamedTuple):
     """The workers' loading so far, from the profiler's counters (Session._busy)."""
 
@@ -69,7 +75,7 @@ class Session:
         self.restarts = restarts if restarts is not None else RestartBudget()
         self.owner_pid = os.getpid()
         self.iteration = 0
-        self.lock = threading.Lock()  # NOTE [ Threads sharing a session ]
+        self.lock = threading.RLock()  # NOTE [ Threads sharing a session ] (re-entered by close())
         self.closed = False
         self._released = False  # NOTE [ A close() that did not finish ]
         self._cpu: dict | None = None  # the workers' CPU seconds, read as close() begins
@@ -219,7 +225,12 @@ class Session:
     # newer iter() waits for the older iterator's next() in progress to return, then
     # takes over, and the older iterator's following next() sees a newer iteration and
     # raises its clear ShmloadError. A non-persistent session has one iterator, for which
-    # the lock is what keeps threads sharing that iterator to one next() at a time.
+    # the lock is what keeps threads sharing that iterator to one next() at a time. And
+    # close() from another thread (loader.close(), a finalizer) marks the session closed,
+    # then takes the lock: a next() waiting for workers sees the mark after its wait (at
+    # most POLL_INTERVAL), raises the same error and lets go, and only then are the
+    # mappings it was waiting in unmapped (before: a segfault). The lock is re-entrant:
+    # a next() closes its own session at the epoch's end or on a worker's death.
     def begin_iteration(self) -> int:
         """Start a new iteration (under :attr:`lock`). What an abandoned one left is given
         back: batches that were ready but never yielded, and batches still waiting for a
@@ -464,24 +475,37 @@ class Session:
     # closed at once (no more batches from it) but counts it released only at its very
     # end, and every step is idempotent: the next call does what the interrupted one did
     # not. The workers' CPU times are read before they stop (a reaped process has none).
-    def close(self) -> None:
+    def close(self, finalizing: bool = False) -> None:
+        """``finalizing``: run by a finalizer (NOTE [ An interrupt during a finalizer ])."""
         if self._released or not owned_here(self.owner_pid):
             return
-        with _platform.signals_deferred():
-            self.closed = True
-            if self._cpu is None:
-                self._cpu = self._workers_cpu()
+        self.closed = True  # first: a next() of another thread's sees it and lets the lock go
+        with _platform.finalizer_window() if finalizing else _platform.signals_deferred():
+            # another thread's next() in progress must not be cut off its mappings
+            # (NOTE [ Threads sharing a session ]); one stuck in a dataset's code holds no lock
+            locked = _platform.acquire(self.lock, CLOSE_WAIT)
             try:
-                if self.supervisor is not None:  # (None: the session's start was interrupted)
-                    self.supervisor.shutdown()
+                self._release()
             finally:
-                try:
-                    if self.profile is not None and self.board is not None:
-                        self.profile.retire(self, self._cpu)  # after shutdown: the workers' last batches are in
-                finally:
-                    self._close_board()
-                    self.ring.close()
-            self._released = True
+                if locked:
+                    self.lock.release()
+
+    def _release(self) -> None:
+        if self._released:  # (by a next() that saw closed while this close() waited for it)
+            return
+        if self._cpu is None:
+            self._cpu = self._workers_cpu()
+        try:
+            if self.supervisor is not None:  # (None: the session's start was interrupted)
+                self.supervisor.shutdown()
+        finally:
+            try:
+                if self.profile is not None and self.board is not None:
+                    self.profile.retire(self, self._cpu)  # after shutdown: the workers' last batches are in
+            finally:
+                self._close_board()
+                self.ring.close()
+        self._released = True
 
     def _workers_cpu(self) -> dict[int, tuple[int, float | None]]:
         """Worker id -> (pid, CPU seconds), for the profile; {} if it cannot be read: the
