@@ -163,7 +163,7 @@ class _Gated:
         except BaseException as exc:
             try:
                 setattr(exc, _SIGNALED, signum)
-            except AttributeError:  # (an exception type with __slots__)
+            except AttributeError:  # (an exception class whose __setattr__ refuses it)
                 pass
             raise
 
@@ -195,11 +195,12 @@ def defer_signals() -> int:
         return -1
     before = _Gate.depth
     if before == 0:
-        _wrap(_Gate.watched)
         now = time.monotonic()
         if now >= _Gate.next_scan:
             _Gate.next_scan = now + SCAN_INTERVAL
-            _scan()
+            _scan()  # (wraps the watched signals too)
+        else:
+            _wrap(_Gate.watched)
     _Gate.depth = before + 1
     return before
 

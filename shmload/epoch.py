@@ -48,7 +48,6 @@ class _Outcome:
         self.value, self.error = value, error
 
 
-
 class _Epoch:
     """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's,
     every ``next()`` is timed for the profiler (``profile.ConsumerClock``), and the epoch
@@ -241,12 +240,10 @@ class SingleProcessEpoch(_Epoch):
             if draw:
                 self.schedule.commit()
             try:
-                batch = self._load(planned)
+                batch = self._load(planned)  # (which takes the task as it records it: _consumed)
             except BaseException as exc:
                 self._cut_stream = draw and _platform.raised_by_signal(exc)
                 raise
-            if not draw:
-                self.schedule.commit()
             if batch is not ENDED:
                 return batch
 
@@ -286,8 +283,6 @@ class SingleProcessEpoch(_Epoch):
             if _platform.raised_by_signal(exc):  # an interrupt, not the batch's error
                 raise
             # raised at its position: consumed all the same, the next next() goes on
-            if draw is None:
-                self.schedule.commit()
             self._consumed(seq, draw, None)
             raise
         finally:
@@ -295,7 +290,11 @@ class SingleProcessEpoch(_Epoch):
                 timer.record(self._profile.inline)
 
     def _consumed(self, seq: int, draw: Draw | None, point: StreamPoint | None) -> None:
-        if draw is not None and point is None:  # the draw raised
+        """Batch ``seq`` was loaded or raised its error: recorded, and its task taken (a
+        draw's was taken before its load: _produce)."""
+        if draw is None:
+            self.schedule.commit()
+        elif point is None:  # the draw raised
             point = self._stream.point(failed=True)
         self.progress.record(seq, (0, point) if draw is not None else None)
 

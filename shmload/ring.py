@@ -153,7 +153,7 @@ class Ring:
 
     def retired_filling(self) -> bool:
         """Is a task in flight with a slot of an older size (one a worker may not fit)?"""
-        return any(slot.state is SlotState.FILLING for slot in self._retired)
+        return bool(self._retired) and any(slot.state is SlotState.FILLING for slot in self._retired)
 
     def slots_in(self, state: SlotState) -> list[Slot]:
         return [s for s in self._slots if s.state is state]
