@@ -31,6 +31,7 @@ class LoaderConfig:
     output: str  # "numpy" | "torch"
     slot_bytes: int | None
     max_shm_bytes: int | None
+    shm_backend: str  # "memfd" | "posix", resolved (shm.resolve_backend)
     max_worker_restarts: int = 0
     rank: int = 0  # this process's rank in a distributed job, mixed into the batch seeds (seeding.py)
     iterable: bool = False  # the dataset is read as a stream (iterable.py)

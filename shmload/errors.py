@@ -62,15 +62,16 @@ class TensorTypeError(CollateError, TypeError):
 
 
 class SharedMemoryError(ShmloadError, MemoryError):
-    """Not enough shared memory: it could not be created or reserved (for example
-    /dev/shm is too small), or the ring reached its bound (:class:`RingFullError`).
+    """Not enough shared memory: it could not be created or reserved (for example the
+    container's memory limit, or /dev/shm with the POSIX backend, is too small), or the ring reached its bound (:class:`RingFullError`).
     ``except shmload.SharedMemoryError`` catches every shortage, whatever its kind."""
 
 
 class RingFullError(SharedMemoryError):
     """The consumer holds more batches than the ring's memory bound allows, or a batch
-    needs larger slots than fit under it. The bound is ``max_shm_bytes``, by default the
-    free space of /dev/shm: a shortage of shared memory like any other, so a
+    needs larger slots than fit under it. The bound is ``max_shm_bytes``, by default read
+    from what limits memory here (limits.py; the message says which limit it was): a
+    shortage of shared memory like any other, so a
     :class:`SharedMemoryError` (and, as before, a :class:`ShmloadError`)."""
 
 

@@ -30,14 +30,15 @@ from .sampler import BatchSampler, orders
 from .parts import DEFAULT_PARTS
 from .pool import SessionPool
 from .profiler.stats import LoaderStats
+from .shm import resolve_backend
 from .shuffle import StreamShuffle
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers",
                       "shuffle_buffer")
 # Read again at the next iter(), as torch does: setting them takes effect then.
 _SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
-             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "max_worker_restarts", "pin_memory",
-             "split_batches", "batch_parts")
+             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "shm_backend", "max_worker_restarts",
+             "pin_memory", "split_batches", "batch_parts")
 
 
 class DataLoader:
@@ -58,7 +59,7 @@ class DataLoader:
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None,
                  split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS,
-                 shuffle_buffer: int | None = None):
+                 shuffle_buffer: int | None = None, shm_backend: str | None = None):
         user_dataset = dataset
         dataset, iterable = classify(dataset)
         check_shuffle_buffer(shuffle_buffer, iterable)
@@ -101,6 +102,7 @@ class DataLoader:
         self.output = output
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
+        self.shm_backend = shm_backend  # None: memfd where the kernel has it ($SHMLOAD_SHM_BACKEND first; shm.py)
         self.max_worker_restarts = max_worker_restarts
         self.split_batches = split_batches  # None: split when workers would idle (parts.py)
         self.batch_parts = batch_parts
@@ -151,7 +153,8 @@ class DataLoader:
                 persistent_workers=bool(self.persistent_workers), timeout=float(self.timeout),
                 worker_init_fn=self.worker_init_fn, in_order=bool(self.in_order), seed=self.seed,
                 context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
-                max_shm_bytes=self.max_shm_bytes, max_worker_restarts=self.max_worker_restarts,
+                max_shm_bytes=self.max_shm_bytes, shm_backend=resolve_backend(self.shm_backend),
+                max_worker_restarts=self.max_worker_restarts,
                 rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last,
                 pinner=pinner, split_batches=self.split_batches, batch_parts=self.batch_parts,
                 stream_shuffle=self._stream_shuffle())

@@ -37,6 +37,7 @@ from operator import attrgetter, countOf
 from typing import Callable, Protocol
 
 from .errors import RingFullError, SharedMemoryError, format_bytes
+from .limits import Bound
 from .messages import SlotRef
 
 GROWTH = 1.25
@@ -104,6 +105,7 @@ class Ring:
         self._target_for = target_slots if callable(target_slots) else (lambda slot_bytes: target_slots)
         self.max_bytes = max_bytes
         self.bound_source = bound_source  # where max_bytes came from, for error messages
+        self.bound_remedy = "max_shm_bytes="  # what raises it, for error messages
         self._on_attach, self._on_detach = on_attach, on_detach
         self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
         self._segments: dict[int, SegmentLike] = {}
@@ -113,6 +115,16 @@ class Ring:
         self._free: list[Slot] = []
         self._slots: list[Slot] = []
         self._next_id = 0
+
+    @property
+    def bound(self) -> Bound:
+        return Bound(self.max_bytes, self.bound_source, self.bound_remedy)
+
+    @bound.setter
+    def bound(self, bound: Bound) -> None:
+        """A default bound (limits.py), read once the loader's own segments exist."""
+        self.max_bytes, self.bound_source = bound.bytes, bound.source
+        self.bound_remedy = f"max_shm_bytes=, or {bound.remedy}"
 
     # ------------------------------------------------------------ queries
     # NOTE [ What counts against the bound ]
@@ -262,7 +274,7 @@ class Ring:
         else:
             advice = ("Make the ring smaller (lower prefetch_factor, num_workers or batch_size), pass "
                       "slot_bytes= the largest batch's size so the ring is sized once, or raise the bound "
-                      "(max_shm_bytes=, or more /dev/shm: docker run --shm-size=...).")
+                      f"({self.bound_remedy}).")
         has = f"It has {self.num_slots} slots of {format_bytes(self.slot_bytes)}." if self.slot_bytes else \
             f"It needs {self.target_slots} slots."
         if self.slot_bytes and self.num_slots < 2:

@@ -89,7 +89,8 @@ class Session:
         # A restarted worker that held no draw: where its stream starts, for its next draw.
         self._pending_restores: dict[int, StreamPoint] = {}
         # (without max_shm_bytes, the bound is read once the loader's own segments exist: below)
-        self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner), self._target_slots, cfg.max_shm_bytes or 0,
+        self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner, backend=cfg.shm_backend), self._target_slots,
+                         cfg.max_shm_bytes or 0,
                          bound_source="max_shm_bytes", on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self._depth(self.ring.slot_bytes))
         self._retune_at = 4 * cfg.num_workers  # completions after which the depth is retuned (_retune)
@@ -100,19 +101,20 @@ class Session:
         # From here on anything may raise, a Ctrl-C included: close() releases what exists.
         try:
             # The profiler's board: one row of counters per worker (counters.py), ~256 KiB each.
-            self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers))
+            self._board_segment = Segment(-1, counters.board_bytes(cfg.num_workers), backend=cfg.shm_backend)
             self.board = counters.board(self._board_segment.mmap, cfg.num_workers)
             self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
-                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn), cfg.stream_shuffle)
+                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn), cfg.stream_shuffle,
+                                         shm_backend=cfg.shm_backend)
             for h in self.supervisor.workers:
                 self._send_board(h.id)
             if cfg.max_shm_bytes is None:
                 # NOTE [ The default bound leaves out the loader's own segments ]
-                # /dev/shm's free space is read after the board and the control segment
-                # (about 1 MiB with 4 workers) took their share. Read before, it counted
-                # them as room for the ring, which then grew to a size it could not reserve
-                # (a SharedMemoryError on a 37 MiB /dev/shm, where 24 MiB loaded fine).
-                self.ring.max_bytes, self.ring.bound_source = default_max_shm_bytes()
+                # The memory left (limits.py) is read after the board and the control
+                # segment (about 1 MiB with 4 workers) took their share. Read before, it
+                # counted them as room for the ring, which then grew to a size it could not
+                # reserve (a SharedMemoryError on a 37 MiB /dev/shm, where 24 MiB loaded fine).
+                self.ring.bound = default_max_shm_bytes(cfg.shm_backend)
             if profile is not None:
                 profile.attach(self)
             if cfg.slot_bytes:

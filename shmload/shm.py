@@ -1,32 +1,42 @@
 """Shared-memory segments: created, reserved, mapped, and never left behind.
 
+Two backends make a segment; everything after its creation is the same:
+
+* ``memfd`` (the default where the kernel has it, Linux 3.17): ``memfd_create`` makes
+  memory that never has a name. Nothing appears in /dev/shm, ever, so no crash or
+  interrupt can leave an entry there, and the size of /dev/shm (64 MB in Docker's and
+  Kubernetes' default) does not bound the ring: memory does (limits.py).
+* ``posix``: ``shm_open`` in /dev/shm, unlinked at once (posix-ipc), for kernels without
+  memfd and for anyone who wants it. The name lives from shm_open to shm_unlink, a few
+  microseconds inside one function of one process, with every signal blocked: no crash
+  of any process, not even SIGKILL, can leave the entry. /dev/shm bounds the ring.
+
 Life of a segment (main process)::
 
-    shm_open(O_CREAT | O_EXCL, 0600, "/shmload-<96 random bits>")
-    shm_unlink(name)              # at once: from here on the segment has no name
-    posix_fallocate(fd, 0, size)  # reserve the pages for real (see below)
-    mmap(fd, MAP_SHARED)           # pages mapped on first touch (see _platform.MAP_FLAGS)
+    memfd_create("shmload", MFD_CLOEXEC)    # or shm_open + shm_unlink (posix)
+    posix_fallocate(fd, 0, size)           # reserve the pages for real (see below)
+    mmap(fd, MAP_SHARED)                   # pages mapped on first touch (see _platform.MAP_FLAGS)
     ...fd sent to each worker over its Unix socket (SCM_RIGHTS)...
 
-Why unlink before anyone else attaches: the name exists for a few microseconds inside
-one function of one process, so no crash of any process, not even SIGKILL, can leave an
-entry in /dev/shm. Workers receive the descriptor itself instead of the name, which
-works the same under fork, spawn and forkserver, and for segments created after the
-workers started (ring growth).
+Workers receive the descriptor itself, never a name, which works the same under fork,
+spawn and forkserver, for both backends, and for segments created after the workers
+started (ring growth).
 
-Why ``posix_fallocate``: on tmpfs, ``ftruncate`` only promises space; the first touch
-of a page when /dev/shm is full kills the process with SIGBUS. Reserving up front turns
-a shortage into a :class:`SharedMemoryError` at a well-defined moment, with advice.
+Why ``posix_fallocate``: on tmpfs (memfd is tmpfs too), ``ftruncate`` only promises
+space; the first touch of a page that cannot be had kills the process with SIGBUS.
+Reserving up front turns a shortage into a :class:`SharedMemoryError` at a well-defined
+moment, with advice, before any page is touched.
 
-Memory is freed when the last mapping goes: the main process's views of a retired
-segment keep it alive exactly as long as the user holds them. Before that, the ring gives
-back the pages of a retired segment's free slots (:meth:`Segment.release`; NOTE [ What
-counts against the bound ] in ring.py).
+Memory is freed when the last mapping and descriptor go: the main process's views of a
+retired segment keep it alive exactly as long as the user holds them. Before that, the
+ring gives back the pages of a retired segment's free slots (:meth:`Segment.release`;
+NOTE [ What counts against the bound ] in ring.py).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 import secrets
@@ -34,59 +44,107 @@ import weakref
 
 import numpy as np
 
+from . import limits
 from ._platform import MAP_FLAGS, limit_text, signals_blocked, signals_deferred, too_many_files
 from .errors import SharedMemoryError, format_bytes
 from .pinning import Pinner, PinnedRegion
 
-SHM_DIR = "/dev/shm"
-NAME_PREFIX = "/shmload-"
+SHM_DIR = limits.SHM_DIR
+NAME_PREFIX = "/shmload-"  # posix: "/shmload-<pid>-<96 random bits>", the library's only names
+MEMFD_NAME = "shmload"  # memfd: shown as "/memfd:shmload (deleted)" in /proc/<pid>/fd and maps
+MEMFD_PATH = "/memfd:" + MEMFD_NAME
+BACKENDS = ("memfd", "posix")
+BACKEND_ENV = "SHMLOAD_SHM_BACKEND"  # the default backend for loaders given shm_backend=None
 
 
-def shm_free_bytes() -> int | None:
+@functools.lru_cache(maxsize=None)
+def memfd_supported() -> bool:
+    """Can this process make memfd segments (os.memfd_create, and a kernel that has it)?"""
+    if not hasattr(os, "memfd_create"):
+        return False
     try:
-        st = os.statvfs(SHM_DIR)
+        os.close(os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC))
     except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+        return False
+    return True
 
 
-def default_max_shm_bytes() -> tuple[int, str]:
-    """The free space of /dev/shm, at most half the machine's memory, and where it came from."""
-    half_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    free = shm_free_bytes()
-    if free is not None and free < half_ram:
-        return free, "the free space of /dev/shm when the workers started"
-    return half_ram, "half of this machine's memory"
+def resolve_backend(requested: str | None) -> str:
+    """The backend a loader uses: ``requested``, else $SHMLOAD_SHM_BACKEND, else memfd
+    where this kernel has it and posix where not."""
+    source = "shm_backend"
+    if requested is None:
+        requested, source = os.environ.get(BACKEND_ENV) or None, f"${BACKEND_ENV}"
+        if requested is None:
+            return "memfd" if memfd_supported() else "posix"
+    if requested not in BACKENDS:
+        raise ValueError(f"{source} should be 'memfd' or 'posix' (or unset: memfd where the kernel has it), "
+                         f"but got {requested!r}")
+    if requested == "memfd" and not memfd_supported():
+        raise SharedMemoryError(f"{source}='memfd', but this system cannot make memfd segments "
+                                "(os.memfd_create needs Linux 3.17 or later): use shm_backend='posix'")
+    return requested
 
 
-def _shortage(size: int, cause: OSError) -> SharedMemoryError:
-    free = shm_free_bytes()
-    free_text = f"{format_bytes(free)} are free" if free is not None else f"{SHM_DIR} is not available"
+def default_max_shm_bytes(backend: str) -> limits.Bound:
+    """The ring's default bound for ``backend`` (limits.py)."""
+    return limits.default_bound(backend)
+
+
+def _shortage(size: int, cause: OSError, backend: str) -> SharedMemoryError:
+    if backend == "posix":
+        free = limits.shm_free(SHM_DIR)
+        where = f"{format_bytes(free)} are free" if free is not None else f"{SHM_DIR} is not available"
+        where += f" in {SHM_DIR}"
+        remedy = ("Give the container more shared memory (docker run --shm-size=..., or a larger /dev/shm), "
+                  "use shm_backend='memfd' (not bounded by /dev/shm)")
+    else:
+        bound = limits.default_bound(backend)
+        where = f"memfd segments are memory: the ring's default bound would be {format_bytes(bound.bytes)}, " \
+                f"{bound.source}"
+        remedy = f"Give the job more memory ({bound.remedy})"
     return SharedMemoryError(
         f"could not reserve {format_bytes(size)} of shared memory for the loader's ring "
-        f"({free_text} in {SHM_DIR}; {cause.strerror or cause}). Give the container more shared "
-        "memory (docker run --shm-size=..., or a larger /dev/shm), or make the ring smaller: "
+        f"({where}; {cause.strerror or cause}). {remedy}, or make the ring smaller: "
         "lower prefetch_factor, batch_size or num_workers, or set max_shm_bytes."
     )
 
 
-def _open_unlinked() -> int:
+def _creation_failed(exc: BaseException, what: str) -> BaseException:
+    if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc):
+        return too_many_files(exc)
+    return SharedMemoryError(f"could not create shared memory ({what}): {exc}")
+
+
+def _open_memfd() -> int:
+    """A descriptor of a new memfd segment: it never has a name."""
+    try:
+        fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
+    except OSError as exc:
+        raise _creation_failed(exc, "memfd_create") from None
+    try:
+        os.fchmod(fd, 0o600)  # (as the POSIX backend's: only through /proc/<pid>/fd, by its owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_posix() -> int:
     """A descriptor of a new POSIX segment whose name is already gone. The name lives from
     shm_open to shm_unlink: no signal acts there, not even one whose default action ends
     the process (NOTE [ Interrupts wait for a window ], _platform.py)."""
     import posix_ipc
 
     for _ in range(8):
-        name = NAME_PREFIX + secrets.token_hex(12)
+        name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(12)}"
         with signals_blocked():
             try:
                 shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
             except posix_ipc.ExistentialError:
                 continue  # 96 random bits collided: astronomically unlikely, but try another
             except (posix_ipc.Error, OSError) as exc:
-                if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in str(exc):
-                    raise too_many_files(exc) from None
-                raise SharedMemoryError(f"could not create shared memory in {SHM_DIR}: {exc}") from exc
+                raise _creation_failed(exc, f"shm_open in {SHM_DIR}") from None
             try:
                 shm.unlink()
                 return os.dup(shm.fd)
@@ -99,11 +157,11 @@ def _open_unlinked() -> int:
     raise SharedMemoryError("could not find an unused shared-memory name")
 
 
-def _create_anonymous(size: int) -> int:
-    """A descriptor for ``size`` reserved bytes of POSIX shared memory, already unlinked."""
-    fd = _open_unlinked()
+def _create_anonymous(size: int, backend: str) -> int:
+    """A descriptor for ``size`` reserved bytes of shared memory that has no name."""
+    fd = _open_memfd() if backend == "memfd" else _open_posix()
     try:
-        reserve(fd, size)
+        reserve(fd, size, backend)
     except BaseException:
         os.close(fd)
         raise
@@ -124,12 +182,12 @@ def _map(fd: int, size: int) -> mmap.mmap:
             "num_workers, or set max_shm_bytes.") from None
 
 
-def reserve(fd: int, size: int) -> None:
+def reserve(fd: int, size: int, backend: str) -> None:
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-            raise _shortage(size, exc) from exc
+            raise _shortage(size, exc, backend) from exc
         raise SharedMemoryError(f"could not reserve {size} bytes of shared memory: {exc}") from exc
 
 
@@ -137,17 +195,18 @@ class Segment:
     """One shared-memory segment owned by the main process; page-locked for the
     accelerator when a ``pinner`` is given (pinning.py)."""
 
-    def __init__(self, segment_id: int, size: int, pinner: Pinner | None = None):
+    def __init__(self, segment_id: int, size: int, pinner: Pinner | None = None, backend: str = "memfd"):
         self.id = segment_id
         self.size = size
+        self.backend = backend
         self.fd = -1
         self._pinned: PinnedRegion | None = None
         self.releases = False  # can release() give pages back? (not page-locked ones)
-        # From shm_open to the last attribute set, a Ctrl-C would leave a name in /dev/shm
-        # or a descriptor no object owns: it waits (NOTE [ Interrupts wait for a window ]).
+        # From creation to the last attribute set, an interrupt would leave a descriptor
+        # no object owns: it waits (NOTE [ Interrupts wait for a window ]).
         try:
             with signals_deferred():
-                fd = _create_anonymous(size)
+                fd = _create_anonymous(size, backend)
                 try:
                     self.mmap = _map(fd, size)
                     if pinner is not None:
@@ -181,8 +240,8 @@ class Segment:
         return np.frombuffer(self.mmap, dtype=np.uint8, count=count, offset=offset)
 
     def release(self, offset: int, nbytes: int) -> bool:
-        """Give ``nbytes`` at ``offset`` back to /dev/shm (a retired slot nobody uses): the
-        pages leave the tmpfs file, and so every process's mapping of them, and read as
+        """Give ``nbytes`` at ``offset`` back to memory (a retired slot nobody uses): the
+        pages leave the (tmpfs or memfd) file, and so every process's mapping of them, and read as
         zeros if touched again. False if they could not be (they stay until close())."""
         if not self.releases or self.fd < 0:
             return False

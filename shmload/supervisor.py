@@ -82,7 +82,7 @@ class WorkerHandle:
 
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode,
-                 stream_shuffle: StreamShuffle | None = None):
+                 stream_shuffle: StreamShuffle | None = None, shm_backend: str = "memfd"):
         _platform.check_supported(num_workers)
         if multiprocessing.current_process().daemon:
             raise ShmloadError(
@@ -110,7 +110,7 @@ class Supervisor:
             # processes) would inherit SIGINT ignored and hand that to all its children
             multiprocessing.forkserver.ensure_running()
         try:
-            self._control_segment = Segment(-1, ControlBlock.size(num_workers))
+            self._control_segment = Segment(-1, ControlBlock.size(num_workers), backend=shm_backend)
             self.control = ControlBlock(self._control_segment.mmap, num_workers)
             for wid in range(num_workers):
                 # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])

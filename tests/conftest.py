@@ -33,20 +33,27 @@ fails the child-process check besides.
 
 A shmload entry that appears for a moment (another shmload user's segment, named for
 microseconds) is not a leak: what is new is looked at again for up to 5 s.
+
+The default backend (memfd) never names a segment at all, so the autouse fixture also
+watches /dev/shm (inotify) for a POSIX segment name of this process's own
+(``/shmload-<pid>-...``) even appearing: only tests marked ``shm_names``, which ask for
+the POSIX backend, may show one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import multiprocessing.process
 import os
+import struct
 import time
 from typing import NamedTuple
 
 import psutil
 import pytest
 
-from shmload.shm import NAME_PREFIX
+from shmload.shm import MEMFD_PATH, NAME_PREFIX
 
 SHM_DIRS = ("/dev/shm", "/dev/mqueue")
 OURS = NAME_PREFIX.lstrip("/")  # "shmload-": the library's only named objects
@@ -124,13 +131,13 @@ def _own_segments() -> list[str]:
     """This process's mappings and descriptors of shmload segments (unlinked, so invisible
     in /dev/shm: a segment the loader forgot to close shows only here)."""
     with open("/proc/self/maps") as maps:
-        found = [line.split()[-2] for line in maps if NAME_PREFIX in line]
+        found = [line.split(maxsplit=5)[-1].strip() for line in maps if NAME_PREFIX in line or MEMFD_PATH in line]
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if NAME_PREFIX in target:
+        if NAME_PREFIX in target or target.startswith(MEMFD_PATH):
             found.append(f"fd {fd} -> {target}")
     return found
 
@@ -179,11 +186,58 @@ def assert_nothing_new(before: Snapshot, what: str = "test", wait: float = 5.0) 
     assert not new_segments, f"{what} left shared memory mapped or open in this process: {new_segments}"
 
 
+class NameWatch:
+    """The names created in /dev/shm since the last :meth:`created` (inotify's IN_CREATE),
+    or nothing where inotify is not to be had."""
+
+    IN_CREATE = 0x100
+    EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+
+    def __init__(self, path: str = "/dev/shm"):
+        self.fd = -1
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd >= 0 and libc.inotify_add_watch(fd, path.encode(), self.IN_CREATE) < 0:
+                os.close(fd)
+                fd = -1
+            self.fd = fd
+        except (OSError, AttributeError):
+            pass
+
+    def created(self) -> list[str]:
+        names = []
+        while self.fd >= 0:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            at = 0
+            while at + self.EVENT.size <= len(data):
+                _, _, _, length = self.EVENT.unpack_from(data, at)
+                at += self.EVENT.size
+                names.append(data[at:at + length].rstrip(b"\0").decode(errors="replace"))
+                at += length
+        return names
+
+
+_WATCH = NameWatch()
+
+
+def _own_names(names: list[str]) -> list[str]:
+    """The POSIX segment names among ``names`` made by this process (``shmload-<pid>-...``)."""
+    return [n for n in names if n.startswith(f"{OURS}{os.getpid()}-")]
+
+
 @pytest.fixture(autouse=True)
-def no_leaks():
+def no_leaks(request):
     before = snapshot()
+    _WATCH.created()
     yield
+    shown = _own_names(_WATCH.created())
     assert_nothing_new(before)
+    if request.node.get_closest_marker("shm_names") is None:
+        assert not shown, f"the default backend showed segment names in /dev/shm: {shown}"
 
 
 @pytest.fixture(params=["fork"])

@@ -57,6 +57,67 @@ def small_shm(size: str) -> tuple[str, ...]:
     return ("unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh")
 
 
+class MemoryCgroup:
+    """A memory cgroup of its own with a limit, for a script (as root, where this machine's
+    cgroups can be written): ``with MemoryCgroup("300M") as cg: run_script(..., prefix=cg.prefix)``.
+    The cgroup is made under this process's own (v1 memory controller or v2) and removed
+    after; :meth:`available` says whether one can be made here."""
+
+    def __init__(self, limit: str):
+        self.limit = limit
+        self.path: str | None = None
+
+    @staticmethod
+    def _parent() -> tuple[str, str] | None:
+        """(this process's memory cgroup directory, the limit file's name) if writable."""
+        from shmload import limits
+
+        for version, mount, root in limits._memory_mounts("/proc/self/mountinfo"):
+            rel = limits._cgroup_path("/proc/self/cgroup", version)
+            if rel is None:
+                continue
+            here = os.path.normpath(os.path.join(mount, os.path.relpath(rel, root)))
+            limit_file = limits._FILES[version][0]
+            if version == 2 and "memory" not in open(os.path.join(here, "cgroup.subtree_control")).read():
+                continue
+            if os.geteuid() == 0 and os.access(here, os.W_OK):
+                return here, limit_file
+        return None
+
+    @classmethod
+    def available(cls) -> bool:
+        try:
+            return cls._parent() is not None
+        except OSError:
+            return False
+
+    def __enter__(self) -> "MemoryCgroup":
+        here, limit_file = self._parent()
+        self.path = os.path.join(here, f"shmload-test-{os.getpid()}")
+        os.mkdir(self.path)
+        with open(os.path.join(self.path, limit_file), "w") as f:
+            f.write(self.limit)
+        return self
+
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        """A :func:`run_script` prefix: the script runs in this cgroup."""
+        return ("sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh")
+
+    def __exit__(self, *exc) -> None:
+        import time
+
+        deadline = time.monotonic() + 10
+        while True:  # (its processes may take a moment to be gone from it)
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
 def describe(result: subprocess.CompletedProcess) -> str:
     return f"exit status {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 

@@ -76,20 +76,32 @@ def test_threads_iterating_one_persistent_loader_get_whole_epochs_or_the_clear_e
 
 
 # ---------------------------------------------------------------- interrupts
-class _PreemptionHandler:
-    """What cluster jobs install: SIGTERM's handler raises SystemExit. Restored after."""
+class _Alarm(Exception):
+    """What a user's time-out handler raises."""
+
+
+class _RaisingHandler:
+    """``signum``'s handler raises ``exc`` (SIGTERM: SystemExit, as cluster jobs' preemption
+    handlers do; SIGALRM: a user's time-out). Restored after."""
+
+    def __init__(self, signum: int, exc: type[BaseException]):
+        self.signum, self.exc = signum, exc
 
     def __enter__(self):
-        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        self._previous = signal.signal(self.signum, self._handler)
         return self
 
-    @staticmethod
-    def _handler(signum, frame):
-        raise SystemExit(143)
+    def _handler(self, signum, frame):
+        raise self.exc(143)
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self._previous)
+        signal.signal(self.signum, self._previous)
         return False
+
+
+def _PreemptionHandler() -> _RaisingHandler:
+    """What cluster jobs install: SIGTERM's handler raises SystemExit."""
+    return _RaisingHandler(signal.SIGTERM, SystemExit)
 
 
 _KINDS = {"ctrl-c": (signal.SIGINT, KeyboardInterrupt), "preemption": (signal.SIGTERM, SystemExit)}
@@ -183,22 +195,22 @@ class _GrowingDataset:
         return np.full((i // 2 + 1) * 2500, i, np.int64)
 
 
-def _one_round(method: str, stop: float | None) -> None:
-    """Start-up, an epoch whose ring grows at every batch, close(): with a SIGTERM whose
-    handler raises SystemExit after ``stop`` seconds (None: none). A SystemExit is caught
-    and close() called again, as a job that saves a checkpoint on preemption would."""
+def _one_round(method: str, stop: float | None, signum: int, exc: type[BaseException], backend: str) -> None:
+    """Start-up, an epoch whose ring grows at every batch, close(): with ``signum`` sent
+    after ``stop`` seconds (None: none), its handler raising ``exc``. That is caught and
+    close() called again, as a job that saves a checkpoint on preemption would."""
     loader = DataLoader(_GrowingDataset(), batch_size=2, num_workers=2, multiprocessing_context=method,
-                        timeout=30, persistent_workers=True)
+                        timeout=30, persistent_workers=True, shm_backend=backend)
     it = None
     try:
-        with _Interrupt(stop if stop is not None else 3600, signal.SIGTERM):
+        with _Interrupt(stop if stop is not None else 3600, signum):
             it = iter(loader)
             for k, b in enumerate(it):
                 assert b[:, 0].tolist() == [2 * k, 2 * k + 1] and b.shape[1] == (k + 1) * 2500
             loader.close()
             if stop is not None:
                 time.sleep(max(0.0, stop + 0.05))  # the signal lands here if the round was quicker
-    except SystemExit:
+    except exc:
         loader.close()
         raise
     finally:
@@ -206,27 +218,37 @@ def _one_round(method: str, stop: float | None) -> None:
         gc.collect()
 
 
+_ANY_HANDLER = [  # (start method, signal, what its handler raises, backend)
+    ("fork", signal.SIGTERM, SystemExit, "memfd"),
+    ("spawn", signal.SIGTERM, SystemExit, "memfd"),
+    ("forkserver", signal.SIGTERM, SystemExit, "memfd"),
+    ("fork", signal.SIGALRM, _Alarm, "memfd"),
+    pytest.param("fork", signal.SIGTERM, SystemExit, "posix", marks=pytest.mark.shm_names),
+]
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_a_preemption_handlers_system_exit_anywhere_leaves_nothing_behind(method):
-    """SystemExit from a SIGTERM handler at random moments of start-up, next(), ring growth
-    and close(), then close() again: nothing in /dev/shm, no descriptor, no child (the
-    autouse leak check looks too)."""
+@pytest.mark.parametrize("method,signum,exc,backend", _ANY_HANDLER)
+def test_any_handlers_exception_anywhere_leaves_nothing_behind(method, signum, exc, backend):
+    """An exception raised by a signal's handler at random moments of start-up, next(),
+    ring growth and close(), then close() again: no descriptor, no child, nothing in
+    /dev/shm, and the next loader works (the autouse leak check looks too)."""
     rounds = 40 if method == "fork" else 8
-    rng = random.Random(f"32-{method}")
-    with _PreemptionHandler():
+    rng = random.Random(f"32-{method}-{signum}-{backend}")
+    with _RaisingHandler(signum, exc):
         began = time.monotonic()
-        _one_round(method, None)  # (also starts the fork server once)
+        _one_round(method, None, signum, exc, backend)  # (also starts the fork server once)
         span = time.monotonic() - began
         children, fds, entries = _children(), _fds(), _our_entries()
         landed = 0
         for _ in range(rounds):
             try:
-                _one_round(method, rng.uniform(0.0, span))
-            except SystemExit:
+                _one_round(method, rng.uniform(0.0, span), signum, exc, backend)
+            except exc:
                 landed += 1
+        _one_round(method, None, signum, exc, backend)  # the next loader works
     assert landed == rounds  # each signal landed in the round, or in its closing sleep
-    gc.collect()  # (the last SystemExit's frames are a cycle)
+    gc.collect()  # (the last exception's frames are a cycle)
     assert _our_entries() <= entries
     assert _fds() == fds
     assert _children() <= children

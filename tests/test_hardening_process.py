@@ -122,24 +122,35 @@ def _our_entries() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("shmload-")}
 
 
-def test_ctrl_c_while_a_segment_has_a_name_leaves_no_entry(monkeypatch):
-    """NOTE [ No Ctrl-C between shm_open and shm_unlink ] (shm.py): the signal lands
-    exactly inside the window, deterministically."""
+def _raise_system_exit(signum, frame):
+    raise SystemExit(143)
+
+
+@pytest.mark.shm_names
+@pytest.mark.parametrize("signum,handler,exc", [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
+                                                (signal.SIGTERM, _raise_system_exit, SystemExit)])
+def test_an_interrupt_while_a_posix_segment_has_a_name_leaves_no_entry(monkeypatch, signum, handler, exc):
+    """The POSIX backend's name window (shm.py): the signal lands exactly inside it,
+    deterministically; Ctrl-C, and a preemption handler's SystemExit."""
     import posix_ipc
 
     from shmload import shm
     real = posix_ipc.SharedMemory
     names = []
 
-    def ctrl_c_inside(name, *args, **kwargs):
+    def signal_inside(name, *args, **kwargs):
         segment = real(name, *args, **kwargs)
         names.append(name)
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the name exists
+        os.kill(os.getpid(), signum)  # while the name exists
         return segment
-    monkeypatch.setattr(posix_ipc, "SharedMemory", ctrl_c_inside)
+    monkeypatch.setattr(posix_ipc, "SharedMemory", signal_inside)
+    previous = signal.signal(signum, handler)
     fds = _fds()
-    with pytest.raises(KeyboardInterrupt):
-        shm.Segment(0, 1 << 16)
+    try:
+        with pytest.raises(exc):
+            shm.Segment(0, 1 << 16, backend="posix")
+    finally:
+        signal.signal(signum, previous)
     assert names and not os.path.exists("/dev/shm" + names[0])
     assert _fds() == fds  # the descriptor was closed on the interrupt's way out
 

@@ -220,3 +220,21 @@ def test_a_child_process_left_alive_is_caught():
     finally:
         child.kill()
         child.wait(10)
+
+
+@pytest.mark.shm_names
+def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
+    # what lets the autouse check fail a test in which the default backend shows a name
+    from shmload import shm
+
+    from .conftest import NameWatch, _own_names
+
+    watch = NameWatch()
+    assert watch.fd >= 0, "inotify is not available here"
+    try:
+        shm.Segment(0, 1 << 12, backend="posix").close()
+        assert len(_own_names(watch.created())) == 1
+        shm.Segment(0, 1 << 12).close()  # memfd: never a name
+        assert _own_names(watch.created()) == []
+    finally:
+        os.close(watch.fd)

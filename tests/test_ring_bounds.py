@@ -49,7 +49,8 @@ needs_unshare = pytest.mark.skipif(not can_unshare(), reason="needs root and uns
 def images(size: str, batches: int, other: int = 0) -> str:
     """Run ``batches`` batches on a /dev/shm of ``size``, of which another program takes
     ``other`` MiB once the loader has started: what the script printed."""
-    result = run_script(["-c", IMAGES_SCRIPT, str(batches), str(other)], timeout=50, prefix=small_shm(size))
+    result = run_script(["-c", IMAGES_SCRIPT, str(batches), str(other)], timeout=50, prefix=small_shm(size),
+                        SHMLOAD_SHM_BACKEND="posix")
     assert result.returncode == 0, describe(result)
     return result.stdout
 

@@ -1,4 +1,5 @@
-"""Shared-memory segments: never named for long, reserved for real, shortage explained."""
+"""Shared-memory segments, both backends: memfd never named, POSIX named for microseconds;
+reserved for real; shortage explained."""
 
 import errno
 import os
@@ -11,14 +12,20 @@ from shmload import SharedMemoryError
 from shmload import shm
 
 from .conftest import _attributed, _entries
-from .scripts import can_unshare, run_script, small_shm
+from .scripts import MemoryCgroup, can_unshare, run_script, small_shm
 
 
-def test_a_segment_has_no_name_and_is_mapped_and_writable():
+BACKENDS = ["memfd", pytest.param("posix", marks=pytest.mark.shm_names)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_segment_has_no_name_and_is_mapped_and_writable(backend):
     before = _entries()
-    seg = shm.Segment(0, 1 << 16)
+    seg = shm.Segment(0, 1 << 16, backend=backend)
     try:
         assert _attributed(_entries() - before) == []  # (entries of other programs do not count)
+        link = os.readlink(f"/proc/self/fd/{seg.fd}")
+        assert link.startswith(shm.MEMFD_PATH if backend == "memfd" else "/dev/shm" + shm.NAME_PREFIX), link
         assert oct(os.fstat(seg.fd).st_mode & 0o777) == oct(0o600)
         other = shm.AttachedSegment(os.dup(seg.fd), seg.size)  # what a worker does with the fd it receives
         other.array[100:104] = [1, 2, 3, 4]
@@ -28,14 +35,20 @@ def test_a_segment_has_no_name_and_is_mapped_and_writable():
         seg.close()
 
 
-def test_a_reservation_failure_becomes_a_clear_error(monkeypatch):
+@pytest.mark.parametrize("backend,expected", [
+    pytest.param("posix", r"\(.* are free in /dev/shm; No space left on device\)\. .*--shm-size.*shm_backend='memfd'",
+                 marks=pytest.mark.shm_names),
+    ("memfd", r"\(memfd segments are memory: the ring's default bound would be .*iB, half .*; No space left on "
+              r"device\)\. Give the job more memory"),
+])
+def test_a_reservation_failure_becomes_a_clear_error(monkeypatch, backend, expected):
     def no_space(fd, offset, size):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with pytest.raises(SharedMemoryError, match=r"could not reserve 64.00 MiB of shared memory for the loader's ring "
-                                                r"\(.* are free in /dev/shm.*--shm-size.*prefetch_factor"):
-        shm.Segment(0, 64 << 20)
+                                                + expected + ".*prefetch_factor"):
+        shm.Segment(0, 64 << 20, backend=backend)
 
 
 def test_views_outlive_closing_the_segment():
@@ -46,6 +59,7 @@ def test_views_outlive_closing_the_segment():
     assert view[:3].tolist() == [7, 7, 7]
 
 
+@pytest.mark.shm_names
 def test_a_loader_reports_the_shortage_instead_of_crashing(monkeypatch):
     from shmload import DataLoader
 
@@ -56,9 +70,13 @@ def test_a_loader_reports_the_shortage_instead_of_crashing(monkeypatch):
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     loader = DataLoader(ImageDataset(8, shape=(1 << 20,)), batch_size=4, num_workers=1)
-    with pytest.raises(SharedMemoryError, match=r"could not reserve .*iB .*docker run --shm-size"):
+    with pytest.raises(SharedMemoryError, match=r"could not reserve .*iB .*Give the job more memory"):
         next(iter(loader))
     loader.close()
+    posix = DataLoader(ImageDataset(8, shape=(1 << 20,)), batch_size=4, num_workers=1, shm_backend="posix")
+    with pytest.raises(SharedMemoryError, match=r"could not reserve .*iB .*docker run --shm-size"):
+        next(iter(posix))
+    posix.close()
 
 
 SMALL_SHM_SCRIPT = """
@@ -73,21 +91,23 @@ except shmload.ShmloadError as exc:
 
 
 @pytest.mark.skipif(not can_unshare(), reason="needs root and unshare to mount a private small /dev/shm")
-@pytest.mark.parametrize("size,expected", [
+@pytest.mark.parametrize("backend,size,expected", [
     # the bound: what is free once the loader's own segments exist
-    ("16m", r"RingFullError .*bound of 1[45]\.\d\d MiB \(the free space of /dev/shm.*--shm-size"),
-    ("25m", r"finished 8"),
+    ("posix", "16m", r"RingFullError .*bound of 1[45]\.\d\d MiB \(the free space of /dev/shm.*--shm-size"),
+    ("posix", "25m", r"finished 8"),
+    ("memfd", "16m", r"finished 8"),  # memfd segments are not in /dev/shm
 ])
-def test_a_small_dev_shm_gives_a_clear_error_or_a_smaller_ring_never_sigbus(size, expected):
-    result = run_script(["-c", SMALL_SHM_SCRIPT], timeout=60, prefix=small_shm(size))
+def test_a_small_dev_shm_gives_a_clear_error_or_a_smaller_ring_never_sigbus(backend, size, expected):
+    result = run_script(["-c", SMALL_SHM_SCRIPT], timeout=60, prefix=small_shm(size), SHMLOAD_SHM_BACKEND=backend)
     assert result.returncode == 0, result.stderr  # a SIGBUS would be -7 (135 from the shell)
     assert re.search(expected, result.stdout), result.stdout + result.stderr
 
 
-def test_a_released_range_goes_back_to_dev_shm_for_every_mapping():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_released_range_goes_back_to_memory_for_every_mapping(backend):
     # what the ring does with a retired slot nobody uses (NOTE [ What counts against the bound ])
     page = shm.mmap.PAGESIZE
-    seg = shm.Segment(0, 4 * page)
+    seg = shm.Segment(0, 4 * page, backend=backend)
     try:
         other = shm.AttachedSegment(os.dup(seg.fd), seg.size)  # a worker's mapping
         other.array[:] = 1
