@@ -1,5 +1,5 @@
 """StringArray: a sequence of names in two numpy arrays (copy-on-read guarded), through
-its public API and read by forked and spawned workers. Module-level
+its public API, in ImageFolder, and read by forked and spawned workers. Module-level
 dataset: spawn workers import it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader
-from shmload.datasets import StringArray
+from shmload.datasets import ImageFolder, StringArray
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -252,3 +252,17 @@ def test_workers_read_the_same_names_as_the_main_process(context):
     want_lengths, want_raw = expected(names)
     assert np.array_equal(lengths, want_lengths) and np.array_equal(raw, want_raw) and is_string_array.all()
 
+
+def test_image_folder_finds_files_whose_names_are_not_utf8(tmp_path):
+    cls = tmp_path / "café"
+    cls.mkdir()
+    raw_names = [b"plain.png", b"caf\xe9.png", "日本.png".encode()]
+    for raw in raw_names:
+        with open(os.path.join(os.fsencode(cls), raw), "wb"):
+            pass
+    ds = ImageFolder(tmp_path, loader=len)
+    assert len(ds) == 3 and all(os.path.exists(ds.path(i)) for i in range(3))
+    assert sorted(os.fsencode(os.path.basename(ds.path(i))) for i in range(3)) == sorted(raw_names)
+    back = pickle.loads(pickle.dumps(ds))
+    assert [back.path(i) for i in range(3)] == [ds.path(i) for i in range(3)]
+    assert ds[-1] == (len(ds.path(2)), 0)
