@@ -13,7 +13,7 @@ from PIL import Image
 import shmload
 from shmload import Batched, CollateError, DataLoader, ImageDecodeError, ShmloadWarning, default_collate
 from shmload.tools import synthetic
-from shmload.datasets import ArrayDataset, ImageFolder
+from shmload.datasets import ArrayDataset, ImageFolder, StringArray
 from shmload.transforms import train_pipeline
 
 from .helpers import DeferredDataset, RampArray, ramp
@@ -60,9 +60,9 @@ def test_image_folder_scans_subfolders_filters_extensions_and_keeps_no_python_li
     assert ds.classes == ["a", "b"]
     rel = [os.path.relpath(ds.path(i), tmp_path) for i in range(len(ds))]
     assert rel == ["a/z.jpeg", "a/.hidden/q.bmp", "b/x.JPG", "b/deep/er/y.png"] and ds.targets.tolist() == [0, 0, 1, 1]
-    # the file list is three numpy arrays, not a list of strings (see folder.py)
-    arrays = [v for v in vars(ds).values() if isinstance(v, np.ndarray)]
-    assert len(arrays) == 3 and not any(isinstance(v, list) and len(v) == len(ds) for v in vars(ds).values())
+    # the file list is a StringArray (two numpy arrays) and the labels, not a list of strings (see folder.py)
+    held = [v for v in vars(ds).values() if isinstance(v, (np.ndarray, StringArray))]
+    assert len(held) == 2 and not any(isinstance(v, list) and len(v) == len(ds) for v in vars(ds).values())
     assert len(ImageFolder(tmp_path, extensions=(".png",), allow_empty=True)) == 1
 
 

@@ -1,13 +1,10 @@
 """ImageFolder: ``root/<class>/<file>`` images as a map-style dataset.
 
-The file list lives in three numpy arrays, not in a Python list of strings: every
-relative path, UTF-8 (file-system) encoded, back to back in one ``uint8`` buffer, an
-``int64`` array of offsets into it, and an ``int64`` array of labels. Why: a forked
-worker shares its parent's memory copy-on-write, and merely *reading* a Python object
-writes its reference count, so a worker that touches a list of a million path strings
-slowly copies every page they sit on (the memory growth users report against
-PyTorch's DataLoader with large file lists). Three arrays are three objects: reading a
-path touches no reference count but the arrays', and the pages stay shared. Measured in
+The file list is a :class:`~shmload.datasets.StringArray` of relative paths and an
+``int64`` array of labels, not a Python list of strings: a forked worker that reads a
+list of a million paths slowly copies every page they sit on, because reading a Python
+object writes its reference count (the memory growth users report against PyTorch's
+DataLoader with large file lists; strings.py says more). Measured in
 ``benchmarks/imagefolder_scale.py`` (figures in docs/performance.md).
 
 Scanning uses ``os.scandir``, whose entries know from the directory listing whether they
@@ -20,11 +17,12 @@ from __future__ import annotations
 import operator
 import os
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ImageDecodeError, ShmloadWarning
+from .strings import StringArray
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 MAX_SKIPS = 16  # on_error="skip": how many unreadable files in a row before giving up
@@ -76,29 +74,25 @@ def _walk(folder: str, rel: str, extensions: tuple[str, ...], out: list[str]) ->
 
 
 def scan(root: str, classes: Sequence[str], extensions: tuple[str, ...],
-         allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The images under ``root/<class>``: (path bytes, offsets, labels), see the module doc."""
-    # Class by class, so the Python strings of only one class exist at a time (a million
-    # of them at once would take several times the arrays' size at the peak).
-    chunks, lengths, counts = [], [], []
-    for cls in classes:
-        names: list[str] = []
-        _walk(os.path.join(root, cls), cls + "/", extensions, names)
-        encoded = [os.fsencode(n) for n in names]
-        chunks.append(b"".join(encoded))
-        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        counts.append(len(names))
+         allow_empty: bool = False) -> tuple[StringArray, np.ndarray]:
+    """The images under ``root/<class>``: (relative paths, labels)."""
+    counts: list[int] = []
+
+    def names() -> Iterator[str]:
+        # Class by class, so the Python strings of only one class exist at a time (a million
+        # of them at once would take several times the arrays' size at the peak).
+        for cls in classes:
+            found: list[str] = []
+            _walk(os.path.join(root, cls), cls + "/", extensions, found)
+            counts.append(len(found))
+            yield from found
+
+    paths = StringArray(names())
     empty = [c for c, n in zip(classes, counts) if n == 0]
     if empty and not allow_empty:
         raise FileNotFoundError(f"ImageFolder: found no image files (extensions {', '.join(extensions)}) for the "
                                 f"classes {empty[:10]} under {root!r}; pass allow_empty=True to keep empty classes")
-    blob = np.frombuffer(b"".join(chunks), dtype=np.uint8)
-    del chunks
-    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    offsets = np.zeros(len(all_lengths) + 1, dtype=np.int64)
-    np.cumsum(all_lengths, out=offsets[1:])
-    labels = np.repeat(np.arange(len(classes), dtype=np.int64), counts)
-    return blob, offsets, labels
+    return paths, np.repeat(np.arange(len(classes), dtype=np.int64), counts)
 
 
 class ImageFolder:
@@ -132,15 +126,14 @@ class ImageFolder:
         self.on_error = on_error
         self.classes = find_classes(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self._paths, self._offsets, self.targets = scan(self.root, self.classes, self.extensions, allow_empty)
+        self._paths, self.targets = scan(self.root, self.classes, self.extensions, allow_empty)
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def path(self, index: int) -> str:
         """The file of sample ``index``."""
-        o = self._offsets
-        return os.path.join(self.root, os.fsdecode(self._paths[o[index]:o[index + 1]].tobytes()))
+        return os.path.join(self.root, self._paths[index])
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         n = len(self)
