@@ -198,3 +198,31 @@ def test_an_imagenet_shaped_loader_runs_in_a_containers_default_dev_shm():
     result = run_script(["-c", IMAGENET_SCRIPT], timeout=100, prefix=small_shm("64m"))
     assert result.returncode == 0, describe(result)  # (a SIGBUS would be -7)
     assert result.stdout.startswith("finished 6 seen [] free 67108864"), describe(result)
+
+
+class Small:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.int64)
+
+
+def test_a_wrong_backend_is_a_clear_error_from_the_argument_or_the_environment(monkeypatch):
+    with pytest.raises(ValueError, match=r"^shm_backend should be 'memfd' or 'posix' \(or unset: memfd where the "
+                                         r"kernel has it\), but got 'tmpfs'$"):
+        DataLoader(Small(), shm_backend="tmpfs")
+    monkeypatch.setenv("SHMLOAD_SHM_BACKEND", "shm")
+    with pytest.raises(ValueError, match=r"^\$SHMLOAD_SHM_BACKEND should be 'memfd' or 'posix'.*but got 'shm'$"):
+        DataLoader(Small())
+
+
+def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkeypatch):
+    from shmload import SharedMemoryError, shm
+
+    monkeypatch.setattr(shm, "memfd_supported", lambda: False)
+    assert shm.resolve_backend(None) == "posix"
+    with pytest.raises(SharedMemoryError, match=r"shm_backend='memfd', but this system cannot make memfd segments "
+                                                r"\(os\.memfd_create needs Linux 3\.17 or later\): use "
+                                                r"shm_backend='posix'"):
+        DataLoader(Small(), shm_backend="memfd")
