@@ -35,6 +35,7 @@ from .workloads import WORKLOADS, make_jpeg_folder, thread_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
+OPT_IN = ("shmload-posix",)  # run only when named: --loaders shmload shmload-posix compares the backends
 
 
 def run_child(workload: str, loader: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -89,7 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer batches, one run: under 2 minutes on 2 cores")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
-    p.add_argument("--loaders", nargs="+", choices=list(PEERS), default=list(PEERS))
+    p.add_argument("--loaders", nargs="+", choices=list(PEERS), default=[p for p in PEERS if p not in OPT_IN],
+                   help=f"default: all but {', '.join(OPT_IN)}")
     p.add_argument("--workers", type=int, default=2, help="worker processes (or threads, for spdl); default 2")
     p.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"],
                    help="for the loaders that take one (tensorpack always forks); default fork")

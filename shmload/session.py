@@ -520,7 +520,8 @@ class Session:
             return {}
 
     def describe_ring(self) -> str:
-        r = self.ring
+        r, backend = self.ring, self.cfg.shm_backend
         if not r.slot_bytes:
-            return "ring not sized yet (sized from the first batch)"
-        return f"ring {r.num_slots} slots x {format_bytes(r.slot_bytes)} = {format_bytes(r.nbytes)} of shared memory"
+            return f"ring not sized yet (sized from the first batch; {backend} segments)"
+        return (f"ring {r.num_slots} slots x {format_bytes(r.slot_bytes)} = {format_bytes(r.nbytes)} of shared memory "
+                f"({backend} segments, bound {format_bytes(r.max_bytes)})")

@@ -35,6 +35,8 @@ class Peer(NamedTuple):
 PEERS: dict[str, Peer] = {
     "single": Peer("baseline", (), "single-process loop, np.stack collate"),
     "shmload": Peer("shmload_peer", ("shmload",), "shmload.DataLoader, default collate"),
+    "shmload-posix": Peer("shmload_peer", ("shmload", "posix_ipc"),
+                          "shmload.DataLoader, default collate, shm_backend='posix' (/dev/shm)"),
     "torch": Peer("torch_peer", ("torch",), "torch.utils.data.DataLoader, default collate"),
     "tp-runner": Peer("tensorpack_peer", ("tensorpack", "zmq"), "tensorpack MultiProcessRunnerZMQ + BatchData"),
     "tp-map": Peer("tensorpack_peer", ("tensorpack", "zmq"), "tensorpack MultiProcessMapDataZMQ + BatchData"),
