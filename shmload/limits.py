@@ -174,6 +174,27 @@ def shm_free(shm_dir: str | None = None) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+# NOTE [ Check the room before reserving ]
+# posix_fallocate turns a full tmpfs into ENOSPC, but not a full memory cgroup: reserving
+# past the container's limit has the kernel's OOM killer end the process (SIGKILL, seen
+# with a memfd segment of 200 MiB in a 100 MiB cgroup), and past the machine's memory it
+# may end another. The default bound keeps the ring well inside both, but an explicit
+# max_shm_bytes, or memory the job took since the bound was read, does not. So every
+# segment is checked against the memory left right now before it is reserved: a few
+# small files read per segment, and segments are few (O(log n) per ring).
+def shortage(size: int, proc_self: str | None = None, meminfo: str | None = None) -> Bound | None:
+    """The limit that ``size`` more bytes of memory would exceed now (as a Bound: what is
+    left, which limit, what raises it), or None if there is room."""
+    lim = cgroup_limit(proc_self)
+    if lim is not None and size > lim.left:
+        return Bound(lim.left, f"the container's memory limit: {lim.text}", CONTAINER_REMEDY)
+    available = mem_available(meminfo)
+    if available is not None and size > available:
+        return Bound(available, f"this machine's available memory (MemAvailable {format_bytes(available)})",
+                     "free memory on this machine (other programs use it)")
+    return None
+
+
 def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 

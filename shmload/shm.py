@@ -157,8 +157,20 @@ def _open_posix() -> int:
     raise SharedMemoryError("could not find an unused shared-memory name")
 
 
+def _check_room(size: int) -> None:
+    """NOTE [ Check the room before reserving ] (limits.py)."""
+    short = limits.shortage(size)
+    if short is not None:
+        raise SharedMemoryError(
+            f"could not reserve {format_bytes(size)} of shared memory for the loader's ring: only "
+            f"{format_bytes(short.bytes)} are left under {short.source}. Reserving more would have the kernel's OOM "
+            f"killer end the process. {short.remedy[0].upper() + short.remedy[1:]}, or make the ring smaller: lower "
+            "prefetch_factor, batch_size or num_workers, or set max_shm_bytes.")
+
+
 def _create_anonymous(size: int, backend: str) -> int:
     """A descriptor for ``size`` reserved bytes of shared memory that has no name."""
+    _check_room(size)
     fd = _open_memfd() if backend == "memfd" else _open_posix()
     try:
         reserve(fd, size, backend)

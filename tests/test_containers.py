@@ -226,3 +226,28 @@ def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkey
                                                 r"\(os\.memfd_create needs Linux 3\.17 or later\): use "
                                                 r"shm_backend='posix'"):
         DataLoader(Small(), shm_backend="memfd")
+
+
+def test_a_segment_past_the_memory_left_is_refused_before_it_is_reserved(tmp_path, monkeypatch):
+    # reserving it would have the OOM killer end the process (NOTE [ Check the room before reserving ])
+    from shmload import SharedMemoryError, shm
+
+    proc = fake_machine(tmp_path, 2, {"/": (None, 0, 0), "/job/step": (40 * MIB, 20 * MIB, 0)})
+    monkeypatch.setattr(limits, "PROC_SELF", proc)
+    monkeypatch.setattr(limits, "MEMINFO", str(tmp_path / "meminfo"))
+    with pytest.raises(SharedMemoryError, match=re.escape(
+            "could not reserve 32.00 MiB of shared memory for the loader's ring: only 20.00 MiB are left under the "
+            "container's memory limit: cgroup v2 memory.max 40.00 MiB, 20.00 MiB in use. Reserving more would have "
+            "the kernel's OOM killer end the process. Give the container more memory (docker run --memory=...")):
+        shm.Segment(0, 32 * MIB)
+    shm.Segment(0, 16 * MIB).close()  # what fits is reserved
+
+
+@pytest.mark.skipif(not MemoryCgroup.available(), reason="needs root and a writable memory cgroup")
+def test_an_explicit_bound_past_the_containers_limit_is_an_error_not_the_oom_killer():
+    script = CGROUP_SCRIPT.replace("timeout=30)", "timeout=30, max_shm_bytes=4 << 30)")
+    with MemoryCgroup("256M") as cg:
+        result = run_script(["-c", script, "32"], timeout=60, prefix=cg.prefix)  # 128 MiB slots
+    assert result.returncode == 0, describe(result)  # -9: the OOM killer
+    assert re.search(r"^after [01] (SharedMemoryError|RingFullError) .*are left under the container's memory "
+                     r"limit: cgroup v[12] memory\.(limit_in_bytes|max) 256\.00 MiB", result.stdout), describe(result)
