@@ -14,10 +14,11 @@ epoch). Either way each worker ends with its own copy of the objects. numpy arra
 do not write.
 
 Sampling. USS comes from ``/proc/<pid>/smaps_rollup`` (psutil), a walk of the worker's
-page tables: about 0.5 ms for a worker of 10 MB to 1 GB on the development machine, more
-for one with many small mappings. So it is read rarely, on the main process's
-``next()`` (no thread; ``Profile.sample_memory``, inside the ring sampling's 5 ms
-throttle, so a batch pays nothing more than it did), one worker per read, round-robin:
+page tables: on the development machine 0.5 ms for a worker whose memory is large arrays
+(10 MB to 1 GB), 6 to 10 ms for one holding 100 MB of Python objects in 4 kB pages. So
+it is read rarely, on the main process's ``next()`` (no thread; ``Profile.sample_memory``,
+inside the ring sampling's 5 ms throttle, so a batch pays nothing more than it did), one
+worker per read, round-robin:
 
 * each worker at most every :data:`MEMORY_INTERVAL` (so one read every
   ``MEMORY_INTERVAL / num_workers`` seconds at most), and
