@@ -473,6 +473,7 @@ class MultiprocessEpoch(_Epoch):
         if _clock() >= consumer.next_sample:  # ring occupancy, at most every 5 ms
             self._session.collect_releases()  # so batches the consumer let go count as free
             consumer.sample_ring(self._session.ring.counts())
+            self._profile.sample_memory(self._session)  # a worker's USS, now and then (profiler/memory.py)
         return self._session.deliver(result)
 
     def _pending(self) -> int:

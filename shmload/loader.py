@@ -410,7 +410,8 @@ class DataLoader:
         table and a diagnosis with a recommendation; see docs/profiling.md.
 
         Works during and after an epoch. ``memory=False`` skips reading each process's
-        memory map (PSS/USS), which takes a few milliseconds per process."""
+        memory map (PSS/USS) now, which takes a few milliseconds per process; each worker's
+        USS over time, sampled all along (profiler/memory.py), is reported either way."""
         return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
                                                memory=memory, dataset=self.dataset)
 

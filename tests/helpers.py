@@ -541,3 +541,21 @@ def slow_count(n: int, delay: float):
     for i in range(n):
         time.sleep(delay)
         yield i
+
+
+class FileNames:
+    """``n`` file names like ImageNet's, made in the main process before the workers fork.
+    Held in a Python list they are what PyTorch issue 13246 is about: reading one writes
+    its reference count, so each worker copies the pages it reads (copy-on-read). With
+    ``array=True`` they are one numpy bytes array, which reads do not write. A sample is
+    its name's length."""
+
+    def __init__(self, n: int, array: bool = False):
+        names = [f"/data/train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(n)]
+        self.names = np.array(names, dtype=np.bytes_) if array else names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i: int) -> int:
+        return len(self.names[i])

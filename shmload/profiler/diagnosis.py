@@ -1,12 +1,13 @@
 """The diagnosis of a profile (pure): is training waiting for data, which stage costs
-what, how many workers. The questions and the figures they rest on are described in
-``stats.py``; this module turns a :class:`~shmload.profiler.stats.LoaderStats` into
-the few sentences ``print(loader.stats())`` ends with."""
+what, how many workers, and does a worker's memory grow. The questions and the figures
+they rest on are described in ``stats.py``; this module turns a
+:class:`~shmload.profiler.stats.LoaderStats` into the few sentences
+``print(loader.stats())`` ends with."""
 
 from __future__ import annotations
 
 
-from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats
+from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats, format_rate, format_size
 
 _STAGE_ADVICE = {
     "collate": "collate and the copy into the slot (return fixed-shape, contiguous numpy arrays; avoid a "
@@ -99,6 +100,27 @@ def _consumer_bound(s: LoaderStats, stage_line: str) -> list[str]:
     return parts + ["Recommendation: nothing to change in the loader; speed up the training step itself."]
 
 
+def memory_growth(s: LoaderStats) -> str | None:
+    """The workers whose private memory grew (NOTE [ When a worker's memory grows ],
+    memory.py), their figures averaged, and the likely cause and its fix; None if none grew."""
+    grown = [w.memory for w in s.workers if w.memory is not None and w.memory.growing]
+    if not grown:
+        return None
+    n, of = len(grown), sum(w.memory is not None for w in s.workers)
+    growth, seconds = format_size(sum(m.growth for m in grown) / n), sum(m.seconds for m in grown) / n
+    if all(m.steady for m in grown):
+        how = (f"grows steadily (+{growth} over {seconds:.0f} s per worker, "
+               f"+{format_rate(sum(m.rate for m in grown) / n)}; {n} of {of} workers)")
+    else:
+        how = (f"grew and levelled off (+{growth} over {seconds:.0f} s per worker, to "
+               f"{format_size(sum(m.last for m in grown) / n)}; {n} of {of} workers)")
+    return (f"Memory: the workers' private memory {how}: likely copy-on-read. The dataset holds Python "
+            "objects (a list of file names or dicts) whose reference counts, written when they are read, "
+            "touch pages inherited from the main process, so each worker ends up with its own copy "
+            "(PyTorch issue 13246). Hold them in numpy arrays or shmload.datasets.StringArray; if the "
+            "dataset holds no such objects, look for a leak in what it keeps per sample.")
+
+
 def diagnose(s: LoaderStats) -> str:
     if s.main.batches == 0:
         return "diagnosis: no batch delivered in this window yet."
@@ -111,6 +133,9 @@ def diagnose(s: LoaderStats) -> str:
     stage_line = (f"The workers spend {100 * share:.0f}% of their busy time in {top} "
                   f"({1000 * stages[top] / max(1, sum(w.batches for w in s.workers)):.2f} ms a batch).")
     parts = _data_bound(s, stage_line, top) if s.data_bound else _consumer_bound(s, stage_line)
+    memory = memory_growth(s)
+    if memory:
+        parts.append(memory)
     contention = s.contention()
     if contention:
         parts.append(f"Caution: {contention} during this window, leaving this loader fewer than it could use: "

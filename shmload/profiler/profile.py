@@ -10,6 +10,9 @@ A *window* starts when the loader is created and again at each :meth:`Profile.re
 counters are cumulative, so a window's figures are today's totals minus those at its
 start. :meth:`Profile.snapshot` turns a window into a frozen :class:`~shmload.profiler.stats.LoaderStats`.
 
+While batches flow it also samples each worker's private memory (USS) now and then, to
+tell whether it grows (``memory.py``).
+
 The window also reads the machine's CPU time on the usable cores (``/proc/stat``) at
 both ends, so the snapshot can tell the cores' load by other programs from its own.
 """
@@ -30,6 +33,7 @@ import psutil
 
 from .._platform import usable_cpus
 from . import counters
+from .memory import MemoryHistory, memory_trend
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
 
 CALLS = 16384  # next() calls of history kept for the trace
@@ -192,6 +196,7 @@ class Profile:
         self._sessions: weakref.WeakSet = weakref.WeakSet()
         self._retired_totals: dict[int, np.ndarray] = {}  # worker id -> counters of closed sessions
         self._retired_events: dict[int, list[np.ndarray]] = {}
+        self.memory = MemoryHistory(lambda pid: _memory(pid)[2])  # the workers' USS over time (memory.py)
         self.reset()
 
     def reset(self) -> None:
@@ -227,6 +232,13 @@ class Profile:
             if seconds is not None:
                 self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
 
+    def sample_memory(self, session: ProfiledSession) -> None:
+        """Read a worker's USS if one is due (``memory.py``). Called on ``next()`` within the
+        ring sampling's throttle: one clock reading and a comparison when nothing is due."""
+        now = _clock()
+        if now >= self.memory.next_read:
+            self.memory.sample(now, session.worker_pids())
+
     def _live(self) -> list[ProfiledSession]:
         return [s for s in list(self._sessions) if not s.closed]
 
@@ -255,7 +267,9 @@ class Profile:
     def snapshot(self, num_workers: int, prefetch: int, memory: bool = True, dataset: Any = None) -> LoaderStats:
         """The window so far. ``num_workers`` and ``prefetch`` are the loader's settings,
         used when no session is live (a live one reports its own); ``dataset``, if given,
-        is described in the snapshot so that its diagnosis names stages it really has."""
+        is described in the snapshot so that its diagnosis names stages it really has.
+        ``memory=False`` skips reading each process's memory now; the workers' USS over
+        time, sampled all along (``memory.py``), is reported either way."""
         now = _clock()
         duration = now - self.started
         cpus = usable_cpus()
@@ -268,6 +282,8 @@ class Profile:
             num_workers, prefetch, slots, slot_bytes = session.profile_settings()
             ring = (slots, slot_bytes)
         live_cpu = self._live_cpu()
+        history = self.memory.window(self.started)
+        trends = {wid: memory_trend(pid, rows) for wid, (pid, rows) in history.items()}
         workers = []
         for wid in sorted(totals):
             t = totals[wid] - base.get(wid, 0)
@@ -282,14 +298,14 @@ class Profile:
                 rss, pss, uss = _memory(pid)
             f = dict(zip(counters.FIELDS, t))
             workers.append(WorkerStats(wid, pid, int(f["batches"]), int(f["samples"]), int(f["bytes"]), f["wait"],
-                                       f["fetch"], f["collate"], f["other"], cpu, rss, pss, uss))
+                                       f["fetch"], f["collate"], f["other"], cpu, rss, pss, uss, trends.get(wid)))
         c, b = self.consumer.figures(), self._base_consumer
         mrss, mpss, muss = _memory(os.getpid()) if memory else (None, None, None)
         main = MainStats(os.getpid(), c[0] - b[0], c[1] - b[1], c[2] - b[2], c[3] - b[3],
                          cpu_main, mrss, mpss, muss)
         ring_stats = self._ring_stats(ring)
         return LoaderStats(duration, num_workers, len(cpus), prefetch, main, tuple(workers), ring_stats,
-                           self._timeline(pids), self.reset, machine_cpu=machine,
+                           self._timeline(pids, history), self.reset, machine_cpu=machine,
                            dataset=describe_dataset(dataset) if dataset is not None else None)
 
     def _cpu_window(self, cpus: set[int], duration: float) -> tuple[float | None, float]:
@@ -311,10 +327,10 @@ class Profile:
     def _window(self, rows: np.ndarray, time_column: int) -> np.ndarray:
         return rows[rows[:, time_column] >= self.started] if len(rows) else rows
 
-    def _timeline(self, pids: dict[int, int]) -> dict[str, Any]:
+    def _timeline(self, pids: dict[int, int], history: dict[int, tuple[int, np.ndarray]]) -> dict[str, Any]:
         """The window's raw events: per worker id, its batches (``counters.EVENT_FIELDS``);
         the consumer's next() calls (entered, left, bytes, stepped before); ring occupancy samples
-        (time, free, filling, ready, held)."""
+        (time, free, filling, ready, held); per worker id, its USS samples (time, bytes)."""
         events: dict[int, list[np.ndarray]] = {wid: list(evs) for wid, evs in self._retired_events.items()}
         for session in self._live():
             for wid in range(len(session.board)):
@@ -332,4 +348,5 @@ class Profile:
             "main_pid": os.getpid(),
             "calls": self._window(_recent(c.calls, c.count, CALLS), 0),
             "occupancy": self._window(_recent(c.occupancy, c.occupancy_count, OCCUPANCY), 0),
+            "memory": {wid: rows for wid, (_, rows) in history.items()},
         }

@@ -17,6 +17,11 @@ The diagnosis answers three questions, each from numbers the table shows:
   most the usable cores. (In a data-bound run the measured step is the consumer's own
   work, which is what it would do with data always ready.)
 
+A fourth question is only raised when the answer is yes: does a worker's private memory
+grow? Each worker's USS is sampled over the window (``memory.py``, where the rule is);
+growth that is not a one-time allocation is most likely copy-on-read of the dataset's
+Python objects.
+
 Two things qualify the answers. What the dataset is (:class:`DatasetInfo`, when the
 snapshot was told) decides which advice the diagnosis gives for a slow fetch: image
 decoding advice only for datasets that decode images. And the cores may have been busy
@@ -32,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .memory import MemoryTrend
 
 DATA_BOUND_STALL = 0.10  # the consumer waits for data this share of its time or more
 BUSY_WORKERS = 0.80  # workers busy this share of their time or more: they are the limit
@@ -101,6 +108,7 @@ class WorkerStats:
     rss: int | None = None
     pss: int | None = None
     uss: int | None = None
+    memory: MemoryTrend | None = None  # its USS over the window (memory.py); None: fewer than two samples
 
     @property
     def busy(self) -> float:
@@ -267,6 +275,24 @@ def _mem(value: int | None) -> str:
     return format_size(value) if value is not None else "-"
 
 
+def _signed_rate(bytes_per_second: float) -> str:
+    return ("-" if bytes_per_second < 0 else "+") + format_rate(abs(bytes_per_second))
+
+
+def memory_line(trends: list[MemoryTrend]) -> str:
+    """The workers' USS over the window, summed: first and last samples, the longest
+    span, the summed slopes, and how many grew (NOTE [ When a worker's memory grows ])."""
+    line = (f"workers' private memory (USS): {format_size(sum(m.first for m in trends))} -> "
+            f"{format_size(sum(m.last for m in trends))} over {max(m.seconds for m in trends):.1f} s "
+            f"({_signed_rate(sum(m.rate for m in trends))})")
+    steady, levelled = sum(m.steady for m in trends), sum(m.growing and not m.steady for m in trends)
+    if steady:
+        line += f"; growing steadily in {steady} of {len(trends)} workers"
+    if levelled:
+        line += f"; grew and levelled off in {levelled} of {len(trends)} workers"
+    return line
+
+
 def _cpu(cpu: float | None, duration: float) -> str:
     return f"{100 * cpu / duration:.0f}%" if cpu is not None and duration > 0 else "-"
 
@@ -300,6 +326,9 @@ def format_table(s: LoaderStats) -> str:
     pss = [p for p in [m.pss] + [w.pss for w in s.workers] if p is not None]
     if pss:
         lines.append(f"total PSS (shared memory counted once): {format_size(sum(pss))}")
+    trends = [w.memory for w in s.workers if w.memory is not None]
+    if trends:
+        lines.append(memory_line(trends))
     if s.ring is not None and s.ring.samples:
         r = s.ring
         lines.append(f"ring: {r.slots} slots x {format_size(r.slot_bytes)}; mean occupancy free {r.free:.1f}, "

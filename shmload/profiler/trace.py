@@ -10,7 +10,9 @@ Tracks:
 * ``worker i (pid N)``: one slice per stage of each batch: ``wait for task``, ``fetch``,
   ``collate``, ``other``. A worker measures each stage's duration exactly, but not where
   within the batch each piece happened (a row-wise batch interleaves fetching and
-  writing sample by sample), so the slices are laid end to end in that order.
+  writing sample by sample), so the slices are laid end to end in that order. A
+  ``private memory (USS)`` counter track shows the worker's USS samples, in MB
+  (``memory.py``: about one a second).
 
 Times are microseconds from the start of the profile window. Only the last
 ``counters.EVENTS`` batches of each worker and ``profile.CALLS`` calls are kept.
@@ -49,18 +51,9 @@ def trace_events(stats: Any) -> list[dict[str, Any]]:
     for t, free, filling, ready, held in tl["occupancy"]:
         out.append({"name": "ring", "ph": "C", "pid": main, "ts": us(t),
                     "args": {"free": int(free), "filling": int(filling), "ready": int(ready), "held": int(held)}})
+    tracks: dict[int, tuple[int, int]] = {}  # worker id -> (pid, tid) of its track, once named
     for wid, events in sorted(tl["workers"].items()):
-        if wid < 0:  # num_workers=0: the main process loads in-line
-            pid, tid, name = main, main + 1, "in-process loading"
-            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
-        else:
-            known = tl["pids"].get(wid)
-            pid = known if known is not None else _SYNTHETIC_PID + wid
-            tid = pid
-            label = f"worker {wid}" + (f" (pid {known})" if known is not None else "")
-            out.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
-            out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": wid}})
-            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": "batches"}})
+        pid, tid = _worker_track(tl, wid, out, tracks)
         for ev in events:
             seq = int(ev[_E["seq"]])
             start = ev[_E["started"]]
@@ -73,7 +66,31 @@ def trace_events(stats: Any) -> list[dict[str, Any]]:
                 if duration > 0:
                     out.append({"name": name, "cat": "worker", "ph": "X", "pid": pid, "tid": tid, "ts": us(begin),
                                 "dur": round(duration * 1e6, 3), "args": {"batch": seq}})
+    for wid, rows in sorted(tl["memory"].items()):
+        pid, _ = _worker_track(tl, wid, out, tracks)
+        out.extend({"name": "private memory (USS)", "ph": "C", "pid": pid, "ts": us(t),
+                    "args": {"MB": round(uss / 1e6, 1)}} for t, uss in rows)
     return out
+
+
+def _worker_track(tl: dict[str, Any], wid: int, out: list[dict[str, Any]],
+                  tracks: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """The (pid, tid) of worker ``wid``'s track; the first time, its names go to ``out``."""
+    if wid in tracks:
+        return tracks[wid]
+    if wid < 0:  # num_workers=0: the main process loads in-line
+        pid, tid, named = tl["main_pid"], tl["main_pid"] + 1, "in-process loading"
+    else:
+        known = tl["pids"].get(wid)
+        pid = tid = known if known is not None else _SYNTHETIC_PID + wid
+        named = f"worker {wid}" + (f" (pid {known})" if known is not None else "")
+    if wid >= 0:
+        out.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": named}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": wid}})
+    out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                "args": {"name": "batches" if wid >= 0 else named}})
+    tracks[wid] = pid, tid
+    return pid, tid
 
 
 def write_trace(stats: Any, path: str) -> None:
