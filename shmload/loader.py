@@ -413,7 +413,8 @@ class DataLoader:
         memory map (PSS/USS) now, which takes a few milliseconds per process; each worker's
         USS over time, sampled all along (profiler/memory.py), is reported either way."""
         return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
-                                               memory=memory, dataset=self.dataset)
+                                               memory=memory, dataset=self.dataset,
+                                               shm_backend=self._config().shm_backend)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""

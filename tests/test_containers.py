@@ -251,3 +251,16 @@ def test_an_explicit_bound_past_the_containers_limit_is_an_error_not_the_oom_kil
     assert result.returncode == 0, describe(result)  # -9: the OOM killer
     assert re.search(r"^after [01] (SharedMemoryError|RingFullError) .*are left under the container's memory "
                      r"limit: cgroup v[12] memory\.(limit_in_bytes|max) 256\.00 MiB", result.stdout), describe(result)
+
+
+@pytest.mark.parametrize("backend", [None, pytest.param("posix", marks=pytest.mark.shm_names)])
+def test_the_profile_and_repr_say_which_backend_is_in_use(monkeypatch, backend):
+    if backend:
+        monkeypatch.setenv("SHMLOAD_SHM_BACKEND", backend)
+    with DataLoader(Small(), batch_size=4, num_workers=1, timeout=30, persistent_workers=True) as loader:
+        assert [b[:, 0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        stats = loader.stats(memory=False)
+        assert stats.shm_backend == (backend or "memfd") and loader.shm_backend is None
+        assert re.search(rf"^shmload profile: .*usable cores, {backend or 'memfd'} segments$", str(stats), re.M)
+        assert f"({backend or 'memfd'} segments, bound " in repr(loader)
+    assert DataLoader(Small(), batch_size=4).stats().shm_backend is None  # no workers: no shared memory

@@ -264,7 +264,8 @@ class Profile:
         return out
 
     # ------------------------------------------------------------ the snapshot
-    def snapshot(self, num_workers: int, prefetch: int, memory: bool = True, dataset: Any = None) -> LoaderStats:
+    def snapshot(self, num_workers: int, prefetch: int, memory: bool = True, dataset: Any = None,
+                 shm_backend: str | None = None) -> LoaderStats:
         """The window so far. ``num_workers`` and ``prefetch`` are the loader's settings,
         used when no session is live (a live one reports its own); ``dataset``, if given,
         is described in the snapshot so that its diagnosis names stages it really has.
@@ -306,7 +307,8 @@ class Profile:
         ring_stats = self._ring_stats(ring)
         return LoaderStats(duration, num_workers, len(cpus), prefetch, main, tuple(workers), ring_stats,
                            self._timeline(pids, history), self.reset, machine_cpu=machine,
-                           dataset=describe_dataset(dataset) if dataset is not None else None)
+                           dataset=describe_dataset(dataset) if dataset is not None else None,
+                           shm_backend=shm_backend if num_workers else None)
 
     def _cpu_window(self, cpus: set[int], duration: float) -> tuple[float | None, float]:
         """The machine's CPU seconds on ``cpus`` and the main process's in the window, read

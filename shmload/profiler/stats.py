@@ -172,6 +172,7 @@ class LoaderStats:
     # (/proc/stat); None if unknown.
     machine_cpu: float | None = None
     dataset: DatasetInfo | None = None  # None: not known to the snapshot
+    shm_backend: str | None = None  # the ring's segments: "memfd" | "posix"; None without workers
 
     # ------------------------------------------------------------ derived figures
     @property
@@ -301,7 +302,8 @@ def format_table(s: LoaderStats) -> str:
     m = s.main
     lines = [
         f"shmload profile: {m.batches} batches in {s.duration:.2f} s ({s.batches_per_second:.1f} batches/s, "
-        f"{format_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores",
+        f"{format_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores"
+        + (f", {s.shm_backend} segments" if s.shm_backend else ""),
         f"consumer: waiting in next() {m.stall:.2f} s ({100 * m.stall_fraction:.1f}% of its time: the data stall), "
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),
