@@ -11,10 +11,10 @@ leaves out the loader's own segments ], session.py):
 * the memory cgroup's limit less its use, at every level up to the root of the hierarchy
   this process sees (a container's limit is often set on a parent): cgroup v2
   ``memory.max`` less ``memory.current``, v1 ``memory.limit_in_bytes`` less
-  ``memory.usage_in_bytes``. The use leaves out the inactive file cache
-  (``inactive_file``, what the kernel reclaims first, as ``docker stats`` and the kubelet
-  count a container's working set): a job that has read its dataset through the page
-  cache is not out of memory;
+  ``memory.usage_in_bytes``. The use leaves out the file cache (``active_file`` and
+  ``inactive_file``), which the kernel reclaims before it kills anything: a job that
+  reads its dataset through the page cache fills its cgroup to the limit with it, and is
+  not out of memory. Shared memory (memfd, tmpfs) is not on those lists: it counts;
 * ``MemAvailable`` from /proc/meminfo;
 * for the POSIX backend, the free space of /dev/shm (the ring's segments are files there).
 
@@ -49,6 +49,7 @@ class Bound(NamedTuple):
     bytes: int
     source: str  # "half the memory left under the container's limit (cgroup v2 memory.max ...)"
     remedy: str  # "give the container more memory (docker run --memory=...)"
+    harm: str = ""  # what going past it does, where a shortage() says
 
 
 class Limit(NamedTuple):
@@ -81,10 +82,16 @@ def _stat(path: str, key: str) -> int:
     return 0
 
 
-# cgroup v2 and v1 name the same three facts differently: (limit, use, stat key of the
-# inactive file cache)
-_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
-          1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+# cgroup v2 and v1 name the same facts differently: (limit, use, stat keys of the file cache)
+_FILES = {2: ("memory.max", "memory.current", ("active_file", "inactive_file")),
+          1: ("memory.limit_in_bytes", "memory.usage_in_bytes", ("total_active_file", "total_inactive_file"))}
+
+
+def _unescape(path: str) -> str:
+    """A mountinfo path: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        path = path.replace(code, char)
+    return path
 
 
 def _memory_mounts(mountinfo: str) -> list[tuple[int, str, str]]:
@@ -97,13 +104,14 @@ def _memory_mounts(mountinfo: str) -> list[tuple[int, str, str]]:
         if "-" not in fields:
             continue
         sep = fields.index("-")
-        if len(fields) < sep + 3 or sep < 5:
+        if sep < 5 or len(fields) < sep + 2:
             continue
-        fstype, options = fields[sep + 1], fields[sep + 3].split(",")
+        fstype = fields[sep + 1]
+        options = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
         if fstype == "cgroup" and "memory" in options:
-            found.append((1, fields[4], fields[3]))
+            found.append((1, _unescape(fields[4]), _unescape(fields[3])))
         elif fstype == "cgroup2":
-            found.append((2, fields[4], fields[3]))
+            found.append((2, _unescape(fields[4]), _unescape(fields[3])))
     return sorted(found, key=lambda m: m[0])
 
 
@@ -132,27 +140,31 @@ def cgroup_limit(proc_self: str | None = None) -> Limit | None:
         # root says which part of it is mounted.
         rel = os.path.relpath(path, root) if path == root or path.startswith(root.rstrip("/") + "/") else "."
         here = os.path.normpath(os.path.join(mount, rel))
-        if not os.path.isdir(here):
+        if not os.path.isdir(here) or not (here + "/").startswith(os.path.normpath(mount).rstrip("/") + "/"):
             here = mount
-        return _tightest(version, mount, here)
+        found = _tightest(version, mount, here)
+        if found is not None:  # (else another mount may hold it: a hierarchy can be mounted twice)
+            return found
     return None
 
 
 def _tightest(version: int, mount: str, here: str) -> Limit | None:
-    limit_file, use_file, inactive_key = _FILES[version]
+    limit_file, use_file, cache_keys = _FILES[version]
     best: Limit | None = None
     while True:
         limit = _number(os.path.join(here, limit_file))
         use = _number(os.path.join(here, use_file))
         if limit is not None and limit < UNLIMITED and use is not None:
-            used = max(0, use - _stat(os.path.join(here, "memory.stat"), inactive_key))
+            stat = os.path.join(here, "memory.stat")
+            used = max(0, use - sum(_stat(stat, key) for key in cache_keys))
             left = max(0, limit - used)
             if best is None or left < best.left:
                 best = Limit(left, f"cgroup v{version} {limit_file} {format_bytes(limit)}, "
                                    f"{format_bytes(used)} in use")
-        if os.path.normpath(here) == os.path.normpath(mount):
+        up = os.path.dirname(here)
+        if os.path.normpath(here) == os.path.normpath(mount) or up == here:
             return best
-        here = os.path.dirname(here)
+        here = up
 
 
 def mem_available(meminfo: str | None = None) -> int | None:
@@ -187,11 +199,13 @@ def shortage(size: int, proc_self: str | None = None, meminfo: str | None = None
     left, which limit, what raises it), or None if there is room."""
     lim = cgroup_limit(proc_self)
     if lim is not None and size > lim.left:
-        return Bound(lim.left, f"the container's memory limit: {lim.text}", CONTAINER_REMEDY)
+        return Bound(lim.left, f"the container's memory limit: {lim.text}", CONTAINER_REMEDY,
+                     "have the kernel's OOM killer end the process")
     available = mem_available(meminfo)
     if available is not None and size > available:
         return Bound(available, f"this machine's available memory (MemAvailable {format_bytes(available)})",
-                     "free memory on this machine (other programs use it)")
+                     "free memory on this machine (other programs use it)",
+                     "push the machine into swap, or have its OOM killer end a process")
     return None
 
 

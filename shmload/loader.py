@@ -412,9 +412,10 @@ class DataLoader:
         Works during and after an epoch. ``memory=False`` skips reading each process's
         memory map (PSS/USS) now, which takes a few milliseconds per process; each worker's
         USS over time, sampled all along (profiler/memory.py), is reported either way."""
+        live = [s for s in self._sessions.live if not s.closed]  # (its ring's backend, if settings changed since)
         return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
                                                memory=memory, dataset=self.dataset,
-                                               shm_backend=self._config().shm_backend)
+                                               shm_backend=(live[-1].cfg if live else self._config()).shm_backend)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""

@@ -36,7 +36,6 @@ NOTE [ What counts against the bound ] in ring.py).
 from __future__ import annotations
 
 import errno
-import functools
 import mmap
 import os
 import secrets
@@ -57,16 +56,27 @@ BACKENDS = ("memfd", "posix")
 BACKEND_ENV = "SHMLOAD_SHM_BACKEND"  # the default backend for loaders given shm_backend=None
 
 
-@functools.lru_cache(maxsize=None)
+_memfd: bool | None = None  # memfd_supported()'s answer, once the kernel has given one
+
+
 def memfd_supported() -> bool:
-    """Can this process make memfd segments (os.memfd_create, and a kernel that has it)?"""
-    if not hasattr(os, "memfd_create"):
-        return False
-    try:
-        os.close(os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC))
-    except OSError:
-        return False
-    return True
+    """Can this process make memfd segments (os.memfd_create, and a kernel that has it)?
+    Only the kernel's "no such call" (or a sandbox's refusal) is an answer kept for good;
+    a passing failure (out of descriptors) is for the segment's own creation to report."""
+    global _memfd
+    if _memfd is None:
+        if not hasattr(os, "memfd_create"):
+            _memfd = False
+            return False
+        try:
+            with signals_deferred():  # (a handler's exception between the two calls would leak the fd)
+                os.close(os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+                _memfd = False
+            return False if _memfd is False else True
+        _memfd = True
+    return _memfd
 
 
 def resolve_backend(requested: str | None) -> str:
@@ -82,7 +92,8 @@ def resolve_backend(requested: str | None) -> str:
                          f"but got {requested!r}")
     if requested == "memfd" and not memfd_supported():
         raise SharedMemoryError(f"{source}='memfd', but this system cannot make memfd segments "
-                                "(os.memfd_create needs Linux 3.17 or later): use shm_backend='posix'")
+                                "(os.memfd_create is missing, or the kernel refused it: it needs Linux 3.17 or later, and a "
+                                "sandbox may forbid it): use shm_backend='posix'")
     return requested
 
 
@@ -163,8 +174,8 @@ def _check_room(size: int) -> None:
     if short is not None:
         raise SharedMemoryError(
             f"could not reserve {format_bytes(size)} of shared memory for the loader's ring: only "
-            f"{format_bytes(short.bytes)} are left under {short.source}. Reserving more would have the kernel's OOM "
-            f"killer end the process. {short.remedy[0].upper() + short.remedy[1:]}, or make the ring smaller: lower "
+            f"{format_bytes(short.bytes)} are left under {short.source}. Reserving more would {short.harm}. "
+            f"{short.remedy[0].upper() + short.remedy[1:]}, or make the ring smaller: lower "
             "prefetch_factor, batch_size or num_workers, or set max_shm_bytes.")
 
 

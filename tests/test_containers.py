@@ -6,6 +6,8 @@ run in a private /dev/shm (a mount namespace, as root) or a memory cgroup of the
 (as root, where this machine's cgroups can be written), and skip cleanly elsewhere.
 """
 
+import errno
+import os
 import re
 
 import numpy as np
@@ -22,18 +24,20 @@ GIB = 1 << 30
 def fake_machine(tmp_path, version: int, levels: dict, path: str = "/job/step", mount_root: str = "/",
                  available: int = 16 * GIB) -> str:
     """A fake /proc/self (returned) and cgroup tree under ``tmp_path``. ``levels`` maps a
-    cgroup (relative to the mount) to (limit or None for none, use, inactive file cache)."""
+    cgroup (relative to the mount) to (limit or None for none, use, file cache), the cache
+    split between the active and the inactive list."""
     mount = tmp_path / "cgroup"
     proc = tmp_path / "proc"
     proc.mkdir()
-    limit_file, use_file, inactive_key = limits._FILES[version]
-    for rel, (limit, use, inactive) in levels.items():
+    limit_file, use_file, cache_keys = limits._FILES[version]
+    for rel, (limit, use, cache) in levels.items():
         d = mount / rel.strip("/") if rel.strip("/") else mount
         d.mkdir(parents=True, exist_ok=True)
         unlimited = "max" if version == 2 else "9223372036854771712"
         (d / limit_file).write_text(f"{unlimited if limit is None else limit}\n")
         (d / use_file).write_text(f"{use}\n")
-        (d / "memory.stat").write_text(f"anon 1\n{inactive_key} {inactive}\nfile 2\n")
+        (d / "memory.stat").write_text(f"anon 1\n{cache_keys[0]} {cache // 2}\n{cache_keys[1]} {cache - cache // 2}\n"
+                                       "file 2\nshmem 3\n")
     fs = "cgroup2 cgroup2 rw" if version == 2 else "cgroup cgroup rw,memory"
     (proc / "mountinfo").write_text(
         "22 1 8:1 / / rw,relatime - ext4 /dev/root rw\n"
@@ -51,7 +55,7 @@ def bound(tmp_path, backend="memfd", shm_dir=None):
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_tightest_limit_up_the_hierarchy_less_its_working_set(tmp_path, version):
     # the job's own cgroup has no limit; its parent (the container) has 1 GiB, of which
-    # 900 MiB are used, 100 MiB of them inactive file cache (reclaimable: not counted)
+    # 900 MiB are used, 100 MiB of them file cache (reclaimable: not counted)
     fake_machine(tmp_path, version, {"/": (None, 5 * GIB, 0), "/job": (GIB, 900 * MIB, 100 * MIB),
                                      "/job/step": (None, 600 * MIB, 0)})
     name = "memory.max" if version == 2 else "memory.limit_in_bytes"
@@ -69,7 +73,7 @@ def test_no_limit_leaves_the_machines_available_memory(tmp_path, version):
     fake_machine(tmp_path, version, {"/": (None, GIB, 0), "/job/step": (None, GIB, 0)}, available=6 * GIB)
     assert limits.cgroup_limit(str(tmp_path / "proc")) is None
     assert bound(tmp_path) == (3 * GIB, "half of this machine's available memory when the workers started "
-                                        "(MemAvailable 6.00 GiB)", "free memory on this machine (other programs use it)")
+                                        "(MemAvailable 6.00 GiB)", "free memory on this machine (other programs use it)", "")
 
 
 def test_available_memory_below_the_containers_limit_is_the_bound(tmp_path):
@@ -93,18 +97,33 @@ def test_a_host_path_outside_the_mounted_part_falls_back_to_the_mount(tmp_path):
     assert bound(other).bytes == 100 * MIB
 
 
+def test_odd_mount_lines_escaped_paths_and_paths_out_of_the_mount(tmp_path):
+    # a mount point with a space (written \040), a line without super options, and a
+    # cgroup path that leads out of the mount: read, skipped, and not followed
+    mount = tmp_path / "my cg"
+    (mount / "a").mkdir(parents=True)
+    (mount / "memory.max").write_text(f"{GIB}\n")
+    (mount / "memory.current").write_text("0\n")
+    (tmp_path / "x").mkdir()
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    escaped = str(mount).replace(" ", "\\040")
+    (proc / "mountinfo").write_text(f"30 22 0:30 / /elsewhere rw - cgroup2\n35 22 0:31 / {escaped} rw - cgroup2 c rw\n")
+    (proc / "cgroup").write_text("0::/a/../../x\n")
+    assert limits.cgroup_limit(str(proc)) == (GIB, "cgroup v2 memory.max 1.00 GiB, 0 B in use")
+
+
 def test_no_cgroup_files_at_all_is_not_an_error(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "meminfo").write_text("MemAvailable: 1048576 kB\n")
     assert limits.cgroup_limit(str(tmp_path / "proc")) is None and bound(tmp_path).bytes == 512 * MIB
 
 
-def test_dev_shm_bounds_only_the_posix_backend(tmp_path):
+def test_dev_shm_bounds_only_the_posix_backend(tmp_path, monkeypatch):
     fake_machine(tmp_path, 2, {"/": (None, 0, 0), "/job/step": (None, 0, 0)}, available=64 * GIB)
-    free = limits.shm_free("/dev/shm")
-    assert free is not None and free < 32 * GIB  # (this machine's /dev/shm is smaller than the fake's memory)
+    monkeypatch.setattr(limits, "shm_free", lambda shm_dir=None: 5 * GIB)
     posix = bound(tmp_path, "posix")
-    assert posix.bytes == free and posix.source.startswith("the free space of /dev/shm")
+    assert posix.bytes == 5 * GIB and posix.source.startswith("the free space of /dev/shm")
     assert "--shm-size" in posix.remedy and "shm_backend='memfd'" in posix.remedy
     assert bound(tmp_path, "memfd").bytes == 32 * GIB
 
@@ -223,9 +242,21 @@ def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkey
     monkeypatch.setattr(shm, "memfd_supported", lambda: False)
     assert shm.resolve_backend(None) == "posix"
     with pytest.raises(SharedMemoryError, match=r"shm_backend='memfd', but this system cannot make memfd segments "
-                                                r"\(os\.memfd_create needs Linux 3\.17 or later\): use "
+                                                r"\(os\.memfd_create is missing, or the kernel refused it: it needs "
+                                                r"Linux 3\.17 or later, and a sandbox may forbid it\): use "
                                                 r"shm_backend='posix'"):
         DataLoader(Small(), shm_backend="memfd")
+
+
+@pytest.mark.parametrize("code,kept", [(errno.ENOSYS, False), (errno.EMFILE, None)])
+def test_only_the_kernels_refusal_turns_memfd_off_for_good(monkeypatch, code, kept):
+    from shmload import shm
+
+    def fails(name, flags):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(shm, "_memfd", None)
+    monkeypatch.setattr(os, "memfd_create", fails)
+    assert shm.memfd_supported() is (kept is not False) and shm._memfd is kept
 
 
 def test_a_segment_past_the_memory_left_is_refused_before_it_is_reserved(tmp_path, monkeypatch):
@@ -263,4 +294,6 @@ def test_the_profile_and_repr_say_which_backend_is_in_use(monkeypatch, backend):
         assert stats.shm_backend == (backend or "memfd") and loader.shm_backend is None
         assert re.search(rf"^shmload profile: .*usable cores, {backend or 'memfd'} segments$", str(stats), re.M)
         assert f"({backend or 'memfd'} segments, bound " in repr(loader)
+        loader.shm_backend = "memfd" if backend else "posix"  # for the next iter(): the live ring's is reported
+        assert loader.stats(memory=False).shm_backend == (backend or "memfd")
     assert DataLoader(Small(), batch_size=4).stats().shm_backend is None  # no workers: no shared memory

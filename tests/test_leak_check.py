@@ -230,7 +230,8 @@ def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
     from .conftest import NameWatch, _own_names
 
     watch = NameWatch()
-    assert watch.fd >= 0, "inotify is not available here"
+    if watch.fd < 0:
+        pytest.skip("inotify is not available here (or this user's inotify instances are used up)")
     try:
         shm.Segment(0, 1 << 12, backend="posix").close()
         assert len(_own_names(watch.created())) == 1

@@ -266,3 +266,11 @@ def test_image_folder_finds_files_whose_names_are_not_utf8(tmp_path):
     back = pickle.loads(pickle.dumps(ds))
     assert [back.path(i) for i in range(3)] == [ds.path(i) for i in range(3)]
     assert ds[-1] == (len(ds.path(2)), 0)
+
+
+def test_a_stepped_slice_of_long_items_is_right_and_copied_an_item_at_a_time():
+    from shmload.datasets import strings
+
+    items = [bytes([k]) * (strings.GATHER_BYTES // 3 + k) for k in range(7)]  # chunks past GATHER_BYTES
+    sa = StringArray(items)
+    assert sa[::-1] == items[::-1] and sa[1::3] == items[1::3] and sa[-2:0:-2] == items[-2:0:-2]

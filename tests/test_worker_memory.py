@@ -4,10 +4,12 @@ list of file names found end to end (profiler/memory.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 import shmload
@@ -87,7 +89,8 @@ class FakeReads:
         return self.uss.get(pid, 10 * MB)
 
 
-def test_the_sampler_reads_one_worker_a_time_round_robin_each_at_most_every_interval():
+def test_the_sampler_reads_one_worker_a_time_round_robin_each_at_most_every_interval(monkeypatch):
+    monkeypatch.setattr(memory, "_clock", lambda: 0.0)  # reads take no time (a busy machine's would count)
     reads = FakeReads()
     history = MemoryHistory(reads)
     pids = {0: 100, 1: 101, 2: 102}
@@ -199,3 +202,21 @@ def test_the_same_file_names_in_a_numpy_array_are_not(monkeypatch):
     assert len(trends) == 2 and all(m.samples >= memory.MIN_SAMPLES and not m.growing for m in trends), trends
     assert all(abs(m.growth) < 8 * MB for m in trends), trends
     assert "workers' private memory (USS)" in str(s) and "copy-on-read" not in str(s), str(s)
+
+
+def test_a_worker_that_exited_unreaped_reads_as_no_sample_not_as_zero():
+    import subprocess
+    import sys
+
+    from shmload.profiler.profile import _memory
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not yet waited for
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _memory(child.pid) == (None, None, None)
+    finally:
+        child.wait(timeout=10)
+    assert _memory(os.getpid())[2] > 0

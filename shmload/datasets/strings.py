@@ -21,7 +21,10 @@ or ``bytes``. ``str`` items are stored UTF-8 encoded with ``surrogateescape``, t
 file-system encoding of POSIX systems: a name from ``os.listdir``/``os.fsdecode``
 that is not valid UTF-8 (its bad bytes decoded to lone surrogates U+DC80..U+DCFF) is
 stored as the bytes on disk and comes back equal. Other lone surrogates cannot be
-stored (a ValueError names the item).
+stored (a ValueError names the item), and a run of escaped bytes that happens to be valid
+UTF-8 (``"\udce2\udc82\udcac"``) comes back decoded (``"€"``): ``os.fsdecode`` never
+makes one. A numpy ``S`` array loses its items' trailing NUL bytes, as numpy's own
+indexing does.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 
 CHUNK = 1 << 16  # items encoded (and Python objects alive) at a time while building
 REPR_ITEMS = 3
+GATHER_BYTES = 1 << 22  # bytes a stepped slice gathers with one index (of 8 bytes a byte)
 ENCODING, ERRORS = "utf-8", "surrogateescape"
 
 
@@ -147,7 +151,11 @@ class StringArray(Sequence):
         for a in range(0, len(idx), CHUNK):  # a chunk at a time: the gather index is 8 bytes a byte
             b = min(a + CHUNK, len(idx))
             lo, hi = offsets[a], offsets[b]
-            data[lo:hi] = self._data[np.repeat(shift[a:b], lengths[a:b]) + np.arange(lo, hi)]
+            if hi - lo <= GATHER_BYTES:
+                data[lo:hi] = self._data[np.repeat(shift[a:b], lengths[a:b]) + np.arange(lo, hi)]
+            else:  # long items: one copy each, so the index never outgrows GATHER_BYTES x 8
+                for j in range(a, b):
+                    data[offsets[j]:offsets[j + 1]] = self._data[starts[j]:ends[j]]
         return StringArray._from_arrays(data, offsets, self._kind)
 
     def __eq__(self, other: object) -> bool:

@@ -17,7 +17,9 @@ Sampling. USS comes from ``/proc/<pid>/smaps_rollup`` (psutil), a walk of the wo
 page tables: on the development machine 0.5 ms for a worker whose memory is large arrays
 (10 MB to 1 GB), 6 to 10 ms for one holding 100 MB of Python objects in 4 kB pages. So
 it is read rarely, on the main process's ``next()`` (no thread; ``Profile.sample_memory``,
-inside the ring sampling's 5 ms throttle, so a batch pays nothing more than it did), one
+inside the ring sampling's 5 ms throttle: a read pauses its next() for as long as it
+takes, 8 to 25 ms for a worker holding 400 MB of Python objects; no thread, which would
+be alive while the loader forks its workers), one
 worker per read, round-robin:
 
 * each worker at most every :data:`MEMORY_INTERVAL` (so one read every

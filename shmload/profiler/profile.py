@@ -33,7 +33,7 @@ import psutil
 
 from .._platform import usable_cpus
 from . import counters
-from .memory import MemoryHistory, memory_trend
+from .memory import MEMORY_INTERVAL, MemoryHistory, memory_trend
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
 
 CALLS = 16384  # next() calls of history kept for the trace
@@ -177,6 +177,8 @@ def _memory(pid: int) -> tuple[int | None, int | None, int | None]:
         info = psutil.Process(pid).memory_full_info()
     except (psutil.Error, OSError):
         return None, None, None
+    if not info.rss:  # a process that has exited but is not yet reaped (a zombie) has no memory to read
+        return None, None, None
     return info.rss, getattr(info, "pss", None), info.uss
 
 
@@ -237,7 +239,10 @@ class Profile:
         ring sampling's throttle: one clock reading and a comparison when nothing is due."""
         now = _clock()
         if now >= self.memory.next_read:
-            self.memory.sample(now, session.worker_pids())
+            try:
+                self.memory.sample(now, session.worker_pids())
+            except Exception:  # (a figure of the profile is never worth a batch: next() goes on)
+                self.memory.next_read = now + MEMORY_INTERVAL
 
     def _live(self) -> list[ProfiledSession]:
         return [s for s in list(self._sessions) if not s.closed]
