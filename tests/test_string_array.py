@@ -274,3 +274,11 @@ def test_a_stepped_slice_of_long_items_is_right_and_copied_an_item_at_a_time():
     items = [bytes([k]) * (strings.GATHER_BYTES // 3 + k) for k in range(7)]  # chunks past GATHER_BYTES
     sa = StringArray(items)
     assert sa[::-1] == items[::-1] and sa[1::3] == items[1::3] and sa[-2:0:-2] == items[-2:0:-2]
+
+
+def test_the_arrays_cannot_be_made_writeable_again():
+    sa = StringArray(["a", "bc"])
+    for array in (sa.data, sa.offsets):
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            array.flags.writeable = True
+    assert sa[1:][0] == "bc" and pickle.loads(pickle.dumps(sa[::-1])) == ["bc", "a"]
