@@ -140,7 +140,7 @@ def test_repr_shows_the_ring_memory():
     with loader:
         it = iter(loader)
         next(it)
-        match = re.search(r"ring (\d) slots x 260.0 KiB = ([\d.]+) (KiB|MiB) of shared memory \(memfd segments, "
+        match = re.search(r"ring (\d) slots x 260.0 KiB = ([\d.]+) (KiB|MiB) of shared memory \((memfd|posix) segments, "
                           r"bound [\d.]+ [GM]iB\)", repr(loader))
         assert match and float(match[2]) * (1024 if match[3] == "MiB" else 1) == pytest.approx(260 * int(match[1]),
                                                                                              abs=6)

@@ -288,6 +288,8 @@ def test_an_explicit_bound_past_the_containers_limit_is_an_error_not_the_oom_kil
 def test_the_profile_and_repr_say_which_backend_is_in_use(monkeypatch, backend):
     if backend:
         monkeypatch.setenv("SHMLOAD_SHM_BACKEND", backend)
+    else:
+        monkeypatch.delenv("SHMLOAD_SHM_BACKEND", raising=False)
     with DataLoader(Small(), batch_size=4, num_workers=1, timeout=30, persistent_workers=True) as loader:
         assert [b[:, 0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
         stats = loader.stats(memory=False)
