@@ -7,8 +7,9 @@ main process yields numpy views into them, with no pickling of array data.
 from .collate import default_collate
 from .deferred import Batched, DeferredArray
 from .distributed import DistributedSampler
-from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, RingFullError,
-                     SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError, WorkerStartupError)
+from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, PinningError,
+                     RingFullError, SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError,
+                     WorkerStartupError)
 from .iterable import GeneratorSource, stream_parts
 from .loader import DataLoader
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -16,9 +17,9 @@ from .sharding import DistributedWarning
 from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .worker import WorkerInfo, get_worker_info
 
-__version__ = "0.1.0"
+from ._version import __version__
 
-__all__ = [
+__all__ = [  # (__version__ is public too, as every package's)
     "BatchSampler",
     "Batched",
     "CollateError",
@@ -32,6 +33,7 @@ __all__ = [
     "LoaderTimeoutError",
     "MainStats",
     "OptionalDependencyError",
+    "PinningError",
     "RandomSampler",
     "RingFullError",
     "RingStats",

@@ -96,6 +96,20 @@ class ImageDecodeError(ShmloadError, OSError):
     dataset index (``shmload.datasets.ImageFolder``)."""
 
 
+class PinningError(ShmloadError):
+    """The accelerator refused to page-lock the loader's shared memory (pinning.py)."""
+
+
+class RecordFormatError(ShmloadError, ValueError):
+    """A records directory that is not one, is of another version, or does not hold
+    together (an index of the wrong length, a part of the wrong size)."""
+
+
+class RecordCorruptError(ShmloadError, OSError):
+    """A sample's bytes do not match what the index recorded (a flipped bit, a part that
+    was overwritten): the message names the part, the sample and the offset."""
+
+
 class RemoteError(NamedTuple):
     """An exception raised in a worker, in a form that always crosses the process boundary.
 

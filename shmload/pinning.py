@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import ShmloadError
+from .errors import PinningError, ShmloadError  # noqa: F401
 
 # torch's own words, which scripts filter warnings by
 NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
@@ -50,10 +50,6 @@ class Pinner(Protocol):
     def unregister(self, address: int) -> None: ...
 
     def copy(self, array: np.ndarray) -> np.ndarray: ...
-
-
-class PinningError(ShmloadError):
-    """The accelerator refused to page-lock the loader's shared memory."""
 
 
 class CudaPinner:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from .errors import ShmloadError
 
-class ReorderError(RuntimeError):
+
+class ReorderError(ShmloadError, RuntimeError):
     """A sequence number arrived that was not expected, or arrived twice."""
 
 

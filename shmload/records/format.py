@@ -23,22 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import RecordCorruptError, RecordFormatError  # noqa: F401  (raised here, defined with the rest)
+
 FORMAT = "shmload-records"
 VERSION = 1
 METADATA = "records.json"
 INDEX = "index.npy"
 INDEX_DTYPE = np.dtype([("part", "<u4"), ("offset", "<u8"), ("length", "<u8"), ("crc32", "<u4")])
 DEFAULT_PART_BYTES = 256 << 20
-
-
-class RecordFormatError(ValueError):
-    """A records directory that is not one, is of another version, or does not hold
-    together (an index of the wrong length, a part of the wrong size)."""
-
-
-class RecordCorruptError(OSError):
-    """A sample's bytes do not match what the index recorded (a flipped bit, a part that
-    was overwritten): the message names the part, the sample and the offset."""
 
 
 def part_name(number: int) -> str:

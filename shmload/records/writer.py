@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from .._version import __version__
 from . import format as fmt
 
 
@@ -271,8 +272,6 @@ def _finish(shares: list[_Share], tmp_dir: str, total: int, specs: list[FieldSpe
         values = np.concatenate([share.fields[spec.name] for share in shares])
         np.save(os.path.join(tmp_dir, fmt.field_file(spec.name)), values)
         _sync_file(os.path.join(tmp_dir, fmt.field_file(spec.name)))
-    from .. import __version__
-
     meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "samples": len(index), "parts": parts_meta,
             "fields": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in specs],
             "classes": list(classes) if classes is not None else None,
