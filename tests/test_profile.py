@@ -187,9 +187,43 @@ def test_describe_dataset_knows_image_datasets_and_their_transforms(tmp_path):
     assert describe_dataset(ImageFolder(tmp_path, transform=train_pipeline(4))) == \
         DatasetInfo("ImageFolder", images=True, reduced_decode=True)
     assert describe_dataset(ImageFolder(tmp_path, transform=lambda img: img)) == DatasetInfo("ImageFolder", True)
+    assert describe_dataset(ImageFolder(tmp_path)) == DatasetInfo("ImageFolder", True)
     assert describe_dataset(SyntheticImages(4, 8)) == DatasetInfo("SyntheticImages")
     assert describe_dataset(ArrayDataset(np.zeros(4))).batched
     assert describe_dataset(lambda: iter(range(3))).stream
+
+
+def test_a_pipeline_told_not_to_decode_at_reduced_size_is_diagnosed_as_full_size(tmp_path):
+    # The profiler used to decide by the transform's module name: reduced_decode=False was
+    # reported as reduced, and the advice said to store smaller images or decode faster.
+    from PIL import Image
+
+    from shmload.datasets import ImageFolder
+    from shmload.records import RecordDataset, write
+    from shmload.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop, train_pipeline
+
+    os.makedirs(tmp_path / "img" / "cat")
+    Image.new("RGB", (8, 8)).save(tmp_path / "img" / "cat" / "a.jpg")
+    full = ImageFolder(tmp_path / "img", transform=train_pipeline(4, reduced_decode=False))
+    assert describe_dataset(full) == DatasetInfo("ImageFolder", images=True, reduced_decode=False)
+    text = diagnose(_stats(**FETCH_BOUND, dataset=describe_dataset(full)))
+    assert re_search(r"speed up ImageFolder\.__getitem__ \(image decoding at full size, as the transform was told "
+                     r"\(reduced_decode=False\): .*reduced_decode=True", text)
+    assert "already do at reduced size" not in text
+    composed = Compose([RandomResizedCrop(4, reduced_decode=False), RandomHorizontalFlip()])
+    assert describe_dataset(ImageFolder(tmp_path / "img", transform=composed)).reduced_decode is False
+    composed = Compose([RandomResizedCrop(4), RandomHorizontalFlip()])
+    assert describe_dataset(ImageFolder(tmp_path / "img", transform=composed)).reduced_decode is True
+
+    class MyImages:  # any dataset may say it decodes images
+        decodes_images = True
+        transform = None
+
+        def __getitem__(self, i):
+            return i
+    assert describe_dataset(MyImages()) == DatasetInfo("MyImages", images=True)
+    write([b"x"], tmp_path / "rec")
+    assert not describe_dataset(RecordDataset(tmp_path / "rec")).images
 
 
 def test_contention_is_flagged_only_when_others_took_cores_the_loader_could_use():

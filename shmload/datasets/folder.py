@@ -112,6 +112,8 @@ class ImageFolder:
     * ``targets``: every sample's label, an ``int64`` array; :meth:`path` gives a file's path.
     """
 
+    decodes_images = True  # what the profiler reads to name the stage (profiler/stats.py)
+
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, extensions: Sequence[str] = IMG_EXTENSIONS,
                  on_error: str = "raise", loader: Callable[[str], Any] | None = None,

@@ -25,6 +25,10 @@ def stage_advice(stage: str, dataset: DatasetInfo | None) -> str:
     if d.images and d.reduced_decode:
         how = ("image decoding, which shmload.transforms already do at reduced size: store smaller source "
                "images, or pass fast_decode=True (libjpeg's fast DCT)")
+    elif d.images and d.reduced_decode is False:
+        how = ("image decoding at full size, as the transform was told (reduced_decode=False): let it decode "
+               "JPEGs at 1/2, 1/4 or 1/8 size when the output allows (reduced_decode=True, the default), or use "
+               "smaller source images")
     elif d.images:
         how = ("image decoding at full size: decode with shmload.transforms (train_pipeline, RandomResizedCrop, "
                "Resize), which decode JPEGs at 1/2, 1/4 or 1/8 size when the output allows; or use smaller "

@@ -81,6 +81,12 @@ class RecordDataset:
                                             f"written: it is {'truncated' if size < expected else 'longer'}")
         self._maps: list[mmap.mmap | None] = [None] * len(self._part_sizes)
 
+    @property
+    def decodes_images(self) -> bool:
+        """Whether samples are images to decode (``image=True``): what the profiler reads to
+        name the stage (profiler/stats.py)."""
+        return bool(self.image)
+
     def __len__(self) -> int:
         return len(self.index)
 

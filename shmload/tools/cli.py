@@ -1,7 +1,7 @@
 """The ``shmload`` command: its parser, and how it reports errors.
 
 The sub-commands are ``profile`` (profile_cmd.py), ``demo`` (demo.py) and ``pack``
-(records/pack.py); each module has an ``add_parser`` that adds its sub-command.
+(pack_cmd.py); each module has an ``add_parser`` that adds its sub-command.
 
 NOTE [ Command errors ]. A new user's mistakes must read as sentences, not tracebacks:
 
@@ -64,7 +64,7 @@ def counted(minimum: int, what: str) -> Callable[[str], int]:
 
 def build_parser() -> Parser:
     from .demo import add_parser as add_demo
-    from ..records.pack import add_parser as add_pack
+    from .pack_cmd import add_parser as add_pack
 
     parser = Parser(prog="shmload", description="shmload's command-line tools: try the loader on built-in images "
                     "(demo), find how many workers your dataset needs (profile), pack an image folder into a few "

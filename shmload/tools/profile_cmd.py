@@ -1,6 +1,6 @@
 """``shmload profile``: load the user's dataset, time it with each worker count, print the runs.
 
-The command's parser (:func:`add_parser`, as demo.py and records/pack.py have theirs),
+The command's parser (:func:`add_parser`, as demo.py and pack_cmd.py have theirs),
 loading the dataset named by ``MODULE:FACTORY`` (:func:`load_factory`), the sweep over
 worker counts (:func:`sweep`) and what it prints (:func:`print_results`). Mistakes and
 exceptions from the user's code become a :class:`CommandError` (:func:`user_code_failed`),

@@ -71,6 +71,13 @@ class Compose:
             img = t(img)
         return img
 
+    @property
+    def reduced_decode(self) -> bool | None:
+        """The first decoding step's ``reduced_decode`` (None if none says): what the
+        profiler reads to name the decode stage (profiler/stats.py)."""
+        return next((t.reduced_decode for t in self.transforms if isinstance(getattr(t, "reduced_decode", None), bool)),
+                    None)
+
     def __repr__(self) -> str:
         return "Compose([" + ", ".join(map(repr, self.transforms)) + "])"
 
