@@ -23,8 +23,6 @@ from typing import Any, Callable, Iterator
 
 from .errors import ShmloadError
 
-START_METHODS = ("fork", "spawn", "forkserver")
-
 # No MAP_POPULATE: the pages are already allocated (posix_fallocate, see shm.py), so a
 # process's first touch of a page only maps it, about 1.5 us per 4 KiB page. That cost
 # is paid once per page and process, whether up front or on first touch; paying it up

@@ -13,12 +13,12 @@ it one sample at a time.
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from ._torch import loaded_torch
 from .deferred import DeferredArray
 from .errors import CollateError, format_indices
 from .layout import ALIGN, ArraySpec, Layout, Leaf, Map, ObjectValue, Seq, Template
@@ -49,7 +49,7 @@ class _Cast(list):
 
 
 def _torch_tensor_type():
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     return getattr(torch, "Tensor", None)
 
 

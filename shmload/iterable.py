@@ -17,10 +17,10 @@ import copy
 import inspect
 import itertools
 import numbers
-import sys
 from collections import deque
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from ._torch import loaded_torch
 from . import shuffle as _shuffle
 from .messages import Draw, StreamPoint
 from .shuffle import ShuffleBuffer, StreamShuffle
@@ -54,7 +54,7 @@ class GeneratorSource:
 
 def _torch_data() -> Any:
     """``torch.utils.data`` if torch is imported already, else None (never imports it)."""
-    return getattr(getattr(sys.modules.get("torch"), "utils", None), "data", None)
+    return getattr(getattr(loaded_torch(), "utils", None), "data", None)
 
 
 def is_iterable_source(dataset: Any) -> bool:

@@ -29,12 +29,12 @@ into page-locked memory, as torch's loader does.
 from __future__ import annotations
 
 import os
-import sys
 import weakref
 from typing import Any, Protocol
 
 import numpy as np
 
+from ._torch import loaded_torch
 from .errors import PinningError, ShmloadError  # noqa: F401
 
 # torch's own words, which scripts filter warnings by
@@ -90,7 +90,7 @@ def choose(pin_memory: bool) -> tuple[Pinner | None, str | None]:
     Only an accelerator torch already knows about counts: torch is not imported for it."""
     if not pin_memory:
         return None, None
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None or not accelerator.is_available():
         return None, NO_ACCELERATOR

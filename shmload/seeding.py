@@ -26,6 +26,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ._torch import loaded_torch
+
 SAMPLER_STREAM = 0
 TORCH_SEED_MASK = 2**63 - 1  # torch's seeds are 63-bit: torch.initial_seed() fits in an int64
 
@@ -37,7 +39,7 @@ def draw_base_seed(generator=None) -> int:
     generator when torch is already imported (so ``torch.manual_seed`` makes runs
     repeatable, as users of torch's DataLoader expect), else from the OS.
     """
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if generator is not None or torch is not None:
         if torch is None:
             raise TypeError("generator= is a torch.Generator, but torch is not imported")
@@ -147,7 +149,7 @@ def seed_globals(seed: int, epoch: int, position: int, rank: int = 0, part: int 
     value = batch_seed(seed, epoch, position, rank, part)
     random.seed(value)
     np.random.seed(value & 0xFFFFFFFF)
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None:
         # The CPU generator only: torch.manual_seed() also visits every accelerator
         # backend and costs ~170 us (docs/performance.md), more than the rest of the batch's bookkeeping.
@@ -174,7 +176,7 @@ def seed_worker(seed: int, worker_id: int) -> None:
     # torch's _generate_state(base_seed, worker_id), which is this SeedSequence's state
     base = seed % 2**64
     np.random.seed(np.random.SeedSequence([worker_id, base & 0xFFFFFFFF, base >> 32, 0]).generate_state(4))
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None:
         torch.manual_seed(value)  # once per worker: every backend, as torch's workers do
 
@@ -187,7 +189,7 @@ def preserved_globals() -> Iterator[None]:
     the loader would silently reset the training code's random streams every batch.
     """
     py_state, np_state = random.getstate(), np.random.get_state()
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     torch_state = torch.get_rng_state() if torch is not None else None
     try:
         yield

@@ -28,11 +28,11 @@ large to build (NOTE [ Orders are computed a slice at a time ] in sampler.py).
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ._torch import loaded_torch
 from .errors import ShmloadWarning
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class DistributedWarning(ShmloadWarning):
 def torch_world() -> tuple[int, int] | None:
     """(world size, rank) of an initialized ``torch.distributed`` process group, else None.
     Never imports torch: a job that uses it has imported it already."""
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None

@@ -28,12 +28,12 @@ import os
 import pickle
 import select
 import signal
-import sys
 import threading
 import time
 from collections import deque
 from typing import Any, Callable, NamedTuple
 
+from ._torch import loaded_torch
 from . import rowwise, seeding, wire
 from .batcher import Plan
 from .collate import StackPlans, write
@@ -125,7 +125,7 @@ def limit_torch_threads() -> None:
     worker forked after the parent used torch's thread pool (OpenMP) hangs in its first
     parallel torch op, since the pool's threads were not forked with it. Done before
     ``worker_init_fn``, which may raise it again."""
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None:
         torch.set_num_threads(1)
 
