@@ -382,6 +382,7 @@ def shmload_stages(paths: list[str]) -> dict[str, Any]:
     """``train_pipeline`` + ``write_into`` step by step, with its own helpers; the rows
     are those of one reused batch, as a reused slot's."""
     from PIL import Image
+
     from shmload.transforms import train_pipeline
     from shmload.transforms.decode import prepare
     from shmload.transforms.fused import PendingImage

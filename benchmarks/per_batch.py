@@ -20,14 +20,13 @@ Speed is never asserted; run it on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-
-import importlib.util
 
 import psutil
 

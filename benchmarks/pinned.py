@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs, batches = (2, 8) if args.quick else (args.runs, args.batches)
     kinds = ("shmload pinned", "torch pinned", "shmload pageable")
-    print(f"{runs} runs of {batches} batches each, 2 workers, medians; GPU: {__import__('torch').cuda.get_device_name()}")
+    gpu = __import__("torch").cuda.get_device_name()
+    print(f"{runs} runs of {batches} batches each, 2 workers, medians; GPU: {gpu}")
     print("| batch | loader | H2D GB/s | batches/s | batches pinned |")
     print("|---|---|---|---|---|")
     for label, (shape, batch) in SHAPES.items():

@@ -28,7 +28,6 @@ import timeit
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-
 import shmload
 from shmload.loading import BatchTimer
 from shmload.profiler import counters

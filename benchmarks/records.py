@@ -111,8 +111,18 @@ import numpy as np
 
 from .host import child_result
 from .imagefolder_scale import ensure_tree, tree_root
-from .images import BATCH_SIZE, FOLDERS, MALLOC_REGIMES, SIZE, WORKERS, epoch, list_images, machine, \
-    torch_style_sample, warm_page_cache
+from .images import (
+    BATCH_SIZE,
+    FOLDERS,
+    MALLOC_REGIMES,
+    SIZE,
+    WORKERS,
+    epoch,
+    list_images,
+    machine,
+    torch_style_sample,
+    warm_page_cache,
+)
 from .workloads import CACHE_DIR, thread_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -403,6 +413,7 @@ def read_file(path: str) -> bytes:
 def run_open(kind: str, path: str) -> dict[str, Any]:
     """In a fresh process (imports done first): construct, first sample; again."""
     import PIL.Image  # noqa: F401  (ImageFolder.__getitem__ imports it for its error types: not timed)
+
     from shmload.datasets import ImageFolder
     from shmload.records import RecordDataset
 

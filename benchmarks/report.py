@@ -180,8 +180,10 @@ def targets(results: dict[str, dict[str, Any]], ceilings: dict[str, Any] | None,
                   default=None)
     jpeg_ceiling = ceiling_rate("jpeg", ceilings, workers)
     out = [
-        Target("transport-big: shmload / torch DataLoader", _div(shm("transport-big"), peer("transport-big", "torch")), 5),
-        Target("transport-big: shmload / single-process loop", _div(shm("transport-big"), peer("transport-big", "single")), 1.5),
+        Target("transport-big: shmload / torch DataLoader",
+               _div(shm("transport-big"), peer("transport-big", "torch")), 5),
+        Target("transport-big: shmload / single-process loop",
+               _div(shm("transport-big"), peer("transport-big", "single")), 1.5),
         Target("transport-big: shmload / best tensorpack", _div(shm("transport-big"), tp_best), 3),
         Target("tiny: shmload / torch DataLoader", _div(shm("tiny"), peer("tiny", "torch")), 12),
         Target("tiny: shmload / tensorpack MultiProcessRunnerZMQ", _div(shm("tiny"), peer("tiny", "tp-runner")), 1.1),

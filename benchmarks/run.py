@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import ceilings as ceilings_mod
-from .host import machine
 from . import report
+from .host import machine
 from .memory import PeakSampler
 from .peers import PEERS
 from .workloads import WORKLOADS, make_jpeg_folder, thread_env
@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"],
                    help="for the loaders that take one (tensorpack always forks); default fork")
     p.add_argument("--epochs", type=int, default=None, help="timed epochs per run (default 3; 5 without --quick)")
-    p.add_argument("--repeat", type=int, default=None, help="runs per (workload, loader) (default 1; 3 without --quick)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="runs per (workload, loader) (default 1; 3 without --quick)")
     p.add_argument("--child-timeout", type=float, default=300.0, help="seconds before a run is killed")
     p.add_argument("--out", type=Path, default=None, help="JSON (default benchmarks/results/run-<time>.json)")
     p.add_argument("--chart", type=Path, default=None, help="PNG (default: next to the JSON)")
@@ -121,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"run-{stamp}{'-quick' if args.quick else ''}.json"
     chart_path = args.chart or out.with_suffix(".png")
     t0 = time.perf_counter()
-    data: dict[str, Any] = {"machine": machine(("numpy", "Pillow", "torch", "tensorpack", "pyzmq", "spdl", "shmload")), "config": {k: (str(v) if isinstance(v, Path) else v)
-                                                             for k, v in vars(args).items()}}
+    data: dict[str, Any] = {
+        "machine": machine(("numpy", "Pillow", "torch", "tensorpack", "pyzmq", "spdl", "shmload")),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     m = data["machine"]
     print(f"machine: {m['cpu']}, {m['cpu_count']} CPUs, {m['ram_gib']} GiB, {m['platform']}, "
           f"python {m['python']}; {', '.join(f'{k} {v}' for k, v in m['versions'].items())}")

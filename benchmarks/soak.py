@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     next_kill = now + args.kill_every
                 if now >= next_sample:
                     try:
-                        per_worker = [memory(psutil.Process(pid)) for pid in loader._sessions.persistent.supervisor.pids]
+                        pids = loader._sessions.persistent.supervisor.pids
+                        per_worker = [memory(psutil.Process(pid)) for pid in pids]
                     except psutil.NoSuchProcess:  # killed a moment ago, not yet replaced: sample next time
                         continue
                     rss, uss = memory(me)

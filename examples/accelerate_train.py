@@ -43,8 +43,8 @@ import json
 import sys
 
 import shmload
-from shmload.tools.synthetic import SyntheticRegression
 from shmload.integrations import for_accelerate
+from shmload.tools.synthetic import SyntheticRegression
 
 EXIT_NEEDS_PACKAGES = 3
 

@@ -53,7 +53,6 @@ import json
 import math
 import sys
 
-
 import shmload
 from shmload.tools.synthetic import SyntheticRegression
 

@@ -32,8 +32,9 @@ per batch, so the samples are the same for any ``num_workers`` and after a resum
 (as a job killed there would, with its last checkpoint); ``--resume PATH`` continues from
 one. ``--model-checkpoint DIR`` adds Lightning's usual ``ModelCheckpoint(dirpath=DIR,
 save_last=True)`` (at each epoch's end, or every N steps with ``--every-n-train-steps``):
-``--resume DIR/last.ckpt`` continues from it. ``--record PREFIX`` appends, per rank, to ``PREFIX.rank<r>.jsonl`` a line for every
-batch the model trained on: [epoch, sample ids, a checksum of the augmented features]. Exit status:
+``--resume DIR/last.ckpt`` continues from it. ``--record PREFIX`` appends, per rank, to
+``PREFIX.rank<r>.jsonl`` a line for every batch the model trained on: [epoch, sample ids, a
+checksum of the augmented features]. Exit status:
 0 done (or stopped at the checkpoint), 2 for a command-line error, 3 without torch or
 Lightning.
 """

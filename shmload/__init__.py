@@ -4,20 +4,30 @@ Workers load and collate batches straight into preallocated shared-memory slots;
 main process yields numpy views into them, with no pickling of array data.
 """
 
+from ._version import __version__ as __version__
 from .collate import default_collate
 from .deferred import Batched, DeferredArray
 from .distributed import DistributedSampler
-from .errors import (CollateError, ImageDecodeError, LoaderTimeoutError, OptionalDependencyError, PinningError,
-                     RingFullError, SharedMemoryError, ShmloadError, ShmloadWarning, WorkerDiedError, WorkerError,
-                     WorkerStartupError)
+from .errors import (
+                     CollateError,
+                     ImageDecodeError,
+                     LoaderTimeoutError,
+                     OptionalDependencyError,
+                     PinningError,
+                     RingFullError,
+                     SharedMemoryError,
+                     ShmloadError,
+                     ShmloadWarning,
+                     WorkerDiedError,
+                     WorkerError,
+                     WorkerStartupError,
+)
 from .iterable import GeneratorSource, stream_parts
 from .loader import DataLoader
+from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .sharding import DistributedWarning
-from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
 from .worker import WorkerInfo, get_worker_info
-
-from ._version import __version__
 
 __all__ = [  # (__version__ is public too, as every package's)
     "BatchSampler",

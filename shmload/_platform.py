@@ -387,9 +387,11 @@ def limit_text(name: str, unit: Callable[[int], str] = str) -> str:
     try:
         import resource
         soft, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))
-        show = (lambda v: "unlimited" if v == resource.RLIM_INFINITY else unit(v))
     except (ImportError, AttributeError, OSError, ValueError):
         return "unknown"
+
+    def show(value: int) -> str:
+        return "unlimited" if value == resource.RLIM_INFINITY else unit(value)
     return f"{show(soft)} (hard limit {show(hard)})"
 
 

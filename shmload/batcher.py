@@ -106,7 +106,9 @@ class Batcher:
 
     def where(self, pos: int) -> str:
         if not self.stack:
-            return "the batch" if self.indices is None else f"the batch of dataset indices {format_indices(self.indices)}"
+            if self.indices is None:
+                return "the batch"
+            return f"the batch of dataset indices {format_indices(self.indices)}"
         if self.indices is not None and pos < len(self.indices):
             return f"dataset index {self.indices[pos]} (position {pos} in the batch)"
         return f"position {pos} in the batch"
@@ -223,7 +225,8 @@ class Batcher:
         kind = self.kinds[leaf_id]
         if kind[0] == "array" and isinstance(value, DeferredArray):
             if self.deferred_kind(value, path, pos) != kind:
-                raise self.fail(path, pos, _describe_value(value), f"an array of shape {tuple(kind[1])} and dtype {kind[2]}",
+                raise self.fail(path, pos, _describe_value(value),
+                                f"an array of shape {tuple(kind[1])} and dtype {kind[2]}",
                                 "Arrays are stacked, so every sample needs the same shape and dtype.")
         elif kind[0] == "array":
             arr = self.array_of(value, path, pos)

@@ -29,9 +29,9 @@ from .fetch import check_indices
 from .iterable import Stream
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
 from .messages import Draw, StreamPoint
-from .reorder import ReorderBuffer
-from .profiler.profile import Profile
 from .parts import plan_spans, tail_wait
+from .profiler.profile import Profile
+from .reorder import ReorderBuffer
 from .schedule import Planned, Schedule
 from .session import Ended, LoadFailed, Session
 

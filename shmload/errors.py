@@ -63,7 +63,8 @@ class TensorTypeError(CollateError, TypeError):
 
 class SharedMemoryError(ShmloadError, MemoryError):
     """Not enough shared memory: it could not be created or reserved (for example the
-    container's memory limit, or /dev/shm with the POSIX backend, is too small), or the ring reached its bound (:class:`RingFullError`).
+    container's memory limit, or /dev/shm with the POSIX backend, is too small), or the
+    ring reached its bound (:class:`RingFullError`).
     ``except shmload.SharedMemoryError`` catches every shortage, whatever its kind."""
 
 

@@ -20,8 +20,8 @@ import numbers
 from collections import deque
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
-from ._torch import loaded_torch
 from . import shuffle as _shuffle
+from ._torch import loaded_torch
 from .messages import Draw, StreamPoint
 from .shuffle import ShuffleBuffer, StreamShuffle
 
@@ -278,7 +278,8 @@ class Stream:
             # (did not start; or a source without a state: read again from the start)
             return StreamPoint(self._draws, None)
         last = self._snapshots[-1]
-        if buf.read - last.read >= max(1, buf.size // self._SPACING_PARTS) or (buf.end is not None and last.end is None):
+        spaced = buf.read - last.read >= max(1, buf.size // self._SPACING_PARTS)
+        if spaced or (buf.end is not None and last.end is None):
             try:
                 # (a copy: the snapshot is kept, and a source may change the dict it returned)
                 state = copy.deepcopy(self.state())

@@ -22,14 +22,14 @@ from ._checks import check_int
 from .collate import default_collate
 from .config import LoaderConfig, check_arguments, check_settings, iter_warnings, warn_too_many_workers
 from .dispatch import DEFAULT_PREFETCH
+from .distributed import DistributedSampler, current_rank, world_or_alone
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .errors import ShmloadWarning
-from .distributed import DistributedSampler, current_rank, world_or_alone
 from .iterable import check_shuffle_buffer, check_stream_options, classify
-from .sampler import BatchSampler, orders
 from .parts import DEFAULT_PARTS
 from .pool import SessionPool
 from .profiler.stats import LoaderStats
+from .sampler import BatchSampler, orders
 from .shm import resolve_backend
 from .shuffle import StreamShuffle
 

@@ -21,7 +21,8 @@ import functools
 import time
 from typing import Any, Callable, NamedTuple
 
-from . import parts as _parts, seeding
+from . import parts as _parts
+from . import seeding
 from .collate import StackPlans, make_plan
 from .fetch import fetch
 from .iterable import Stream, StreamPlace

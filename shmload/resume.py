@@ -71,7 +71,8 @@ def check(state: Any, kind: str) -> dict:
         raise ValueError(f"load_state_dict: the state has format {state[KEY]!r}; this version of shmload "
                          f"reads format {FORMAT}")
     if state.get("kind") != kind:
-        raise ValueError(f"load_state_dict: the state was saved by a loader over a{'n' if state.get('kind') == 'iterable' else ''} "
+        article = "an" if state.get("kind") == "iterable" else "a"
+        raise ValueError(f"load_state_dict: the state was saved by a loader over {article} "
                          f"{state.get('kind')} dataset, but this loader's dataset is {kind}")
     problems = _problems(state, _MAP if kind == "map" else _ITERABLE, "state")
     if kind == "iterable":  # (keys absent from states saved before they existed)

@@ -29,7 +29,6 @@ from . import seeding
 from ._checks import check_int
 from .messages import Indices
 
-
 # NOTE [ Orders are computed a slice at a time ]
 # An epoch's order (a sampler's ``_order()``) is what BatchSampler slices into batches and
 # sharding.share() into a rank's share. Built whole, it is 8 bytes a sample before the

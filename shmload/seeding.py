@@ -20,7 +20,6 @@ import hashlib
 import math
 import random
 import secrets
-import sys
 from contextlib import contextmanager
 from typing import Iterator
 

@@ -28,23 +28,44 @@ import warnings
 from typing import Any, NamedTuple
 
 from . import _platform, lifetime, wire
-from .profiler import counters
-from .config import LoaderConfig
 from .allocation import SlotAllocator
+from .config import LoaderConfig
 from .dispatch import DEFAULT_PREFETCH, Dispatcher, InFlight, prefetch_depth
+from .errors import (
+    ShmloadError,
+    ShmloadWarning,
+    WorkerError,
+    WorkerStartupError,
+    death_error,
+    describe_load,
+    format_bytes,
+    restart_message,
+    starting_steps,
+)
 from .layout import LayoutCache
-from .errors import (ShmloadError, ShmloadWarning, WorkerError, WorkerStartupError, death_error, describe_load,
-                     format_bytes, restart_message, starting_steps)
-from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready,
-                       Reassign, StartupFailed, StreamPoint, Task)
-from .results import Ended, Loaded, LoadFailed
-from .spans import SplitBatches
+from .messages import (
+    Attach,
+    AttachBoard,
+    Detach,
+    Done,
+    Draw,
+    Exhausted,
+    Failed,
+    NeedSpace,
+    Ready,
+    Reassign,
+    StartupFailed,
+    StreamPoint,
+    Task,
+)
+from .profiler import counters
 from .profiler.profile import cpu_seconds
+from .results import Ended, Loaded, LoadFailed
 from .ring import Ring, Slot, SlotState
 from .shm import Segment, default_max_shm_bytes
+from .spans import SplitBatches
 from .supervisor import Supervisor, owned_here
 from .worker import UserCode
-
 
 # Seconds close() waits for another thread's next() in progress to see the session
 # closed and let go (it looks after every wait, at most epoch.POLL_INTERVAL); past it, a

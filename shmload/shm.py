@@ -46,7 +46,7 @@ import numpy as np
 from . import limits
 from ._platform import MAP_FLAGS, limit_text, signals_blocked, signals_deferred, too_many_files
 from .errors import SharedMemoryError, format_bytes
-from .pinning import Pinner, PinnedRegion
+from .pinning import PinnedRegion, Pinner
 
 SHM_DIR = limits.SHM_DIR
 NAME_PREFIX = "/shmload-"  # posix: "/shmload-<pid>-<96 random bits>", the library's only names
@@ -92,8 +92,8 @@ def resolve_backend(requested: str | None) -> str:
                          f"but got {requested!r}")
     if requested == "memfd" and not memfd_supported():
         raise SharedMemoryError(f"{source}='memfd', but this system cannot make memfd segments "
-                                "(os.memfd_create is missing, or the kernel refused it: it needs Linux 3.17 or later, and a "
-                                "sandbox may forbid it): use shm_backend='posix'")
+                                "(os.memfd_create is missing, or the kernel refused it: it needs Linux 3.17 or later, "
+                                "and a sandbox may forbid it): use shm_backend='posix'")
     return requested
 
 

@@ -35,9 +35,9 @@ from .channel import Channel
 from .control import ControlBlock
 from .errors import ShmloadError
 from .messages import AttachControl, Shutdown
+from .shipping import PerWorker
 from .shm import Segment
 from .shuffle import StreamShuffle
-from .shipping import PerWorker
 from .worker import UserCode, WorkerArgs, worker_main
 
 JOIN_TIMEOUT = 1.0

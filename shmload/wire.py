@@ -23,10 +23,9 @@ from __future__ import annotations
 import array
 import pickle
 import struct
+from multiprocessing import reduction
 from operator import countOf
 from typing import Any
-
-from multiprocessing import reduction
 
 import numpy as np
 
@@ -38,7 +37,8 @@ TASK, DONE, PICKLED, NOTICE_KIND, BUNDLE = 1, 2, 3, 4, 5
 NOTICE = bytes([NOTICE_KIND])  # "the next message is a frame on the socket"
 
 _LOAD_INTS, _LOAD_PICKLE = 0, 1
-_TASK = struct.Struct("<BBB5xqqqqqq")  # kind, load kind, parts, iteration, epoch, seq, segment (-1: no slot), offset, capacity
+# kind, load kind, parts, iteration, epoch, seq, segment (-1: no slot), offset, capacity
+_TASK = struct.Struct("<BBB5xqqqqqq")
 _DONE = struct.Struct("<BB2xiqqI")  # kind, has stream, layout id (-1: pickled here), iteration, seq, layout bytes
 _NO_SLOT = (-1, 0, 0)
 

@@ -33,18 +33,34 @@ import time
 from collections import deque
 from typing import Any, Callable, NamedTuple
 
-from ._torch import loaded_torch
 from . import rowwise, seeding, wire
+from ._torch import loaded_torch
 from .batcher import Plan
 from .collate import StackPlans, write
 from .errors import RemoteError, WorkerError
+from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
 from .layout import SlotViews, span_destination, widened
 from .loading import ENDED, BatchSource, BatchTimer, load_batch
+from .messages import (
+    Attach,
+    AttachBoard,
+    Detach,
+    Done,
+    Draw,
+    Exhausted,
+    Failed,
+    NeedSpace,
+    Ready,
+    Reassign,
+    Shutdown,
+    SlotRef,
+    StartupFailed,
+    StreamPoint,
+    Task,
+)
+from .port import ParentGone, Port
+from .port import close_mapping as _close_mapping
 from .profiler import counters
-from .iterable import Stream, is_iterable_source, share_worker_info_with_torch
-from .messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready,
-                       Reassign, Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
-from .port import ParentGone, Port, close_mapping as _close_mapping
 from .shm import AttachedSegment
 from .shuffle import StreamShuffle
 

@@ -25,13 +25,26 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from shmload.errors import ShmloadError
-
 from shmload import channel as channel_module
 from shmload.channel import Channel, Inbox, _frame
-from shmload.errors import RemoteError
-from shmload.messages import (Attach, AttachBoard, Detach, Done, Draw, Exhausted, Failed, NeedSpace, Ready, Reassign,
-                              Shutdown, SlotRef, StartupFailed, StreamPoint, Task)
+from shmload.errors import RemoteError, ShmloadError
+from shmload.messages import (
+    Attach,
+    AttachBoard,
+    Detach,
+    Done,
+    Draw,
+    Exhausted,
+    Failed,
+    NeedSpace,
+    Ready,
+    Reassign,
+    Shutdown,
+    SlotRef,
+    StartupFailed,
+    StreamPoint,
+    Task,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

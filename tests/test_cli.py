@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from shmload.tools.cli import build_parser, contention_warning, describe_exception, main
 from shmload.profiler.stats import LoaderStats, MainStats, WorkerStats
+from shmload.tools.cli import build_parser, contention_warning, describe_exception, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "shmload")

@@ -22,10 +22,21 @@ import pytest
 
 from shmload import wire
 from shmload.control import ControlBlock, WorkerEnd, layout_areas
-from shmload.layout import ArraySpec, Layout, LayoutCache, Leaf, ObjectValue, Seq
-from shmload.messages import (Attach, Done, Draw, Failed, Indices, NeedSpace, Reassign, Shutdown, SlotRef,
-                              StreamPoint, Task)
 from shmload.errors import RemoteError
+from shmload.layout import ArraySpec, Layout, LayoutCache, Leaf, ObjectValue, Seq
+from shmload.messages import (
+    Attach,
+    Done,
+    Draw,
+    Failed,
+    Indices,
+    NeedSpace,
+    Reassign,
+    Shutdown,
+    SlotRef,
+    StreamPoint,
+    Task,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

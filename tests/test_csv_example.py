@@ -21,10 +21,10 @@ import sys
 import numpy as np
 import pytest
 
-from .scripts import describe, run_script
-
 import shmload
 from shmload.testing import assert_resumes_exactly
+
+from .scripts import describe, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "csv_part_files.py")

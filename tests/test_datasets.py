@@ -12,8 +12,8 @@ from PIL import Image
 
 import shmload
 from shmload import Batched, CollateError, DataLoader, ImageDecodeError, ShmloadWarning, default_collate
-from shmload.tools import synthetic
 from shmload.datasets import ArrayDataset, ImageFolder, StringArray
+from shmload.tools import synthetic
 from shmload.transforms import train_pipeline
 
 from .helpers import DeferredDataset, RampArray, ramp

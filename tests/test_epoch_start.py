@@ -14,9 +14,9 @@ import threading
 import pytest
 
 from shmload import BatchSampler, DataLoader, RandomSampler
+from shmload.testing import flatten, run
 
 from .helpers import AugmentedDataset
-from shmload.testing import flatten, run
 
 
 def epoch_order(loader):

@@ -7,11 +7,20 @@ import time
 import pytest
 
 import shmload
-from shmload import (CollateError, DataLoader, LoaderTimeoutError, WorkerDiedError, WorkerError,
-                     WorkerStartupError)
+from shmload import CollateError, DataLoader, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerStartupError
 
-from .helpers import (ExitingDataset, StopIterationDataset, FailingDataset, ImageDataset, NeedsTwoArgsError, RangeDataset,
-                      SlowDataset, TwoArgsFailingDataset, UnpicklableDataset, failing_init)
+from .helpers import (
+    ExitingDataset,
+    FailingDataset,
+    ImageDataset,
+    NeedsTwoArgsError,
+    RangeDataset,
+    SlowDataset,
+    StopIterationDataset,
+    TwoArgsFailingDataset,
+    UnpicklableDataset,
+    failing_init,
+)
 
 
 def test_worker_exception_is_raised_at_its_batch_with_type_worker_indices_and_traceback(start_method):

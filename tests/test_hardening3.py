@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import shmload
-
 from shmload import DataLoader, ShmloadError
 
 from .helpers import RangeDataset

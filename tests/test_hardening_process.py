@@ -367,6 +367,7 @@ def test_a_mapping_refused_by_the_address_space_limit_is_a_clear_error_and_the_e
     import mmap as mmap_module
 
     from shmload import SharedMemoryError, shm
+
     from .helpers import VariableDataset
     real, main = mmap_module.mmap, os.getpid()
     refusing = [True]

@@ -7,8 +7,18 @@ import pytest
 import shmload
 from shmload import DataLoader
 
-from .helpers import (AugmentedDataset, GetitemsDataset, ImageDataset, InitRecordingDataset, Pair,
-                      RangeDataset, SlowDataset, WorkerInfoDataset, pair_collate, record_init)
+from .helpers import (
+    AugmentedDataset,
+    GetitemsDataset,
+    ImageDataset,
+    InitRecordingDataset,
+    Pair,
+    RangeDataset,
+    SlowDataset,
+    WorkerInfoDataset,
+    pair_collate,
+    record_init,
+)
 
 
 def labels(loader):

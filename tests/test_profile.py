@@ -17,12 +17,19 @@ import numpy as np
 import pytest
 
 import shmload
-from shmload.profiler import counters
 from shmload.errors import OptionalDependencyError
-from shmload.profiler.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
+from shmload.profiler import counters
 from shmload.profiler.diagnosis import diagnose
-from shmload.profiler.stats import (DatasetInfo, LoaderStats, MainStats, WorkerStats, describe_dataset, format_rate,
-                           format_size)
+from shmload.profiler.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
+from shmload.profiler.stats import (
+    DatasetInfo,
+    LoaderStats,
+    MainStats,
+    WorkerStats,
+    describe_dataset,
+    format_rate,
+    format_size,
+)
 
 from .helpers import SleepyCollate, SleepyDataset
 

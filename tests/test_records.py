@@ -13,14 +13,19 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader, DistributedSampler
-from shmload.tools import synthetic
 from shmload.datasets import ImageFolder
-from shmload.records import (PartShuffleSampler, RecordCorruptError, RecordDataset, RecordFormatError,
-                             pack_image_folder, write)
+from shmload.records import (
+    PartShuffleSampler,
+    RecordCorruptError,
+    RecordDataset,
+    RecordFormatError,
+    pack_image_folder,
+    write,
+)
 from shmload.records import format as fmt
-from shmload.transforms import train_pipeline
-
 from shmload.testing import assert_resumes_exactly
+from shmload.tools import synthetic
+from shmload.transforms import train_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

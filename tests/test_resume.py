@@ -12,9 +12,9 @@ import pytest
 
 from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler, ShmloadWarning
 from shmload.progress import BatchProgress
+from shmload.testing import assert_resumes_exactly, flatten, run
 
 from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
-from shmload.testing import assert_resumes_exactly, flatten, run
 
 
 class SeededSampler:

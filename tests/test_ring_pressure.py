@@ -6,7 +6,15 @@ import pytest
 
 from shmload import DataLoader, RingFullError, WorkerError
 
-from .helpers import KeyedDataset, ListBatchSampler, SizedDataset, SlowSizesDataset, StringRowsDataset, WorkerOnlyDataset, ZeroSizeDataset
+from .helpers import (
+    KeyedDataset,
+    ListBatchSampler,
+    SizedDataset,
+    SlowSizesDataset,
+    StringRowsDataset,
+    WorkerOnlyDataset,
+    ZeroSizeDataset,
+)
 
 PAGE = 4096
 MIB = 1 << 20

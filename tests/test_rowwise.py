@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from shmload import CollateError, DataLoader
-from shmload import layout as L
 from shmload import collate as C
+from shmload import layout as L
 from shmload.rowwise import MIN_SAMPLE_BYTES, RowwiseBatch
 
 from .helpers import LiveSamplesDataset

@@ -8,12 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from shmload import SharedMemoryError
-from shmload import shm
+from shmload import SharedMemoryError, shm
 
 from .conftest import _attributed, _entries
-from .scripts import MemoryCgroup, can_unshare, run_script, small_shm
-
+from .scripts import can_unshare, run_script, small_shm
 
 BACKENDS = ["memfd", pytest.param("posix", marks=pytest.mark.shm_names)]
 

@@ -15,7 +15,6 @@ import pytest
 from shmload import DataLoader, ShmloadError
 
 from .conftest import _attributed, _entries
-
 from .helpers import ImageDataset, RangeDataset, SlowDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

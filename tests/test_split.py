@@ -4,7 +4,6 @@ batch put together from spans that equals the batch loaded whole."""
 from __future__ import annotations
 
 import collections
-
 import os
 import random
 import re
@@ -16,11 +15,12 @@ import pytest
 import shmload
 import shmload.spans
 from shmload import CollateError, WorkerDiedError, seeding
-from shmload.layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, widened
 from shmload.dispatch import Dispatcher, InFlight
+from shmload.layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, widened
 from shmload.messages import Indices, Task
 from shmload.parts import Span, bounds, cuts_within, plan_spans, span, tail_wait
 from shmload.splitting import SplitBatch, merged
+
 from .helpers import DyingDataset, SleepyDataset
 
 pytestmark = [pytest.mark.timeout(90),  # (3 workers on a 2-core machine: torch's warning, in its words)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from shmload import CollateError, DataLoader, DeferredArray, default_collate
-from shmload import layout as L
 from shmload import collate as C
-from shmload.promotion import promote_types
+from shmload import layout as L
 from shmload.batcher import RowwiseTypeMismatch
+from shmload.promotion import promote_types
 from shmload.rowwise import RowwiseBatch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

@@ -122,7 +122,7 @@ def test_a_stream_longer_than_its_len_warns_at_every_batch_past_it_as_torch(work
         assert [re.fullmatch(MORE_THAN_LEN.format(k, WORKER_HINT if workers else ""), str(w.message)) is not None
                 for w in said] == [True]
         assert said[0].filename == __file__  # the line that called next(), as torch's
-    del it
+    it = None  # (its finalizer stops the workers)
 
 
 def test_a_stream_longer_than_its_len_is_torchs_warning_once_len_was_asked():

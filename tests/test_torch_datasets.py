@@ -10,8 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from shmload import DataLoader, ShmloadWarning
-from shmload import shipping
+from shmload import DataLoader, ShmloadWarning, shipping
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

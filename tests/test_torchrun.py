@@ -24,7 +24,6 @@ import psutil
 import pytest
 
 from .scripts import describe, run_script, torchrun_args
-
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,9 +12,19 @@ import pytest
 from PIL import Image
 
 from shmload.tools import synthetic
-from shmload.transforms import (MEAN, STD, CenterCrop, Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop,
-                                Resize, ToCHW, train_pipeline)
-from shmload.transforms import params
+from shmload.transforms import (
+    MEAN,
+    STD,
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToCHW,
+    params,
+    train_pipeline,
+)
 from shmload.transforms.decode import prepare
 from shmload.transforms.ops import crop_resize
 

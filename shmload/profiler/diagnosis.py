@@ -6,7 +6,6 @@ they rest on are described in ``stats.py``; this module turns a
 
 from __future__ import annotations
 
-
 from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats, format_rate, format_size
 
 _STAGE_ADVICE = {

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from . import counters
 from ..errors import OptionalDependencyError
+from . import counters
 
 _E = {name: i for i, name in enumerate(counters.EVENT_FIELDS)}
 STAGE_COLORS = {"fetch": "#4c72b0", "collate": "#55a868", "other": "#c44e52", "wait": "#dddddd"}

@@ -26,6 +26,7 @@ import weakref
 from typing import Any, Protocol
 
 import numpy as np
+
 # At import, not in cpu_seconds(): close() reads the workers' CPU times, and a close()
 # run by a finalizer during the first `import psutil` (the garbage collector runs them
 # anywhere) found a half-initialized module and stopped part-way.

@@ -29,8 +29,10 @@ import traceback
 from typing import Callable
 
 from ..errors import CommandError, ShmloadError
+
 # contention_warning and describe_exception are the profile command's; importable from here too
-from .profile_cmd import add_parser as add_profile_parser, contention_warning, describe_exception
+from .profile_cmd import add_parser as add_profile_parser
+from .profile_cmd import contention_warning, describe_exception
 
 __all__ = ["Parser", "build_parser", "contention_warning", "counted", "describe_exception", "main"]
 

@@ -12,11 +12,11 @@ import argparse
 import os
 import time
 
-from . import synthetic
 from ..datasets import ImageFolder
 from ..errors import CommandError
 from ..loader import DataLoader
 from ..transforms import train_pipeline
+from . import synthetic
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
