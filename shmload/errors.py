@@ -22,14 +22,6 @@ import traceback
 from typing import Any, NamedTuple
 
 
-def format_bytes(n: float) -> str:
-    """``n`` bytes for a message: 512 B, 32.0 KiB, 9.19 MiB, 1.50 GiB."""
-    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 2), ("KiB", 2**10, 1)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{int(n)} B"
-
-
 def format_indices(indices, limit: int = 16) -> str:
     """Dataset indices for a message, shortened: a batch may hold a million of them."""
     if isinstance(indices, int) or len(indices) <= limit:

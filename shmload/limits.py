@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from .errors import format_bytes
+from ._units import binary_size
 
 SHM_DIR = "/dev/shm"
 PROC_SELF = "/proc/self"  # where this process's cgroup and mounts are read (tests point these elsewhere)
@@ -159,8 +159,8 @@ def _tightest(version: int, mount: str, here: str) -> Limit | None:
             used = max(0, use - sum(_stat(stat, key) for key in cache_keys))
             left = max(0, limit - used)
             if best is None or left < best.left:
-                best = Limit(left, f"cgroup v{version} {limit_file} {format_bytes(limit)}, "
-                                   f"{format_bytes(used)} in use")
+                best = Limit(left, f"cgroup v{version} {limit_file} {binary_size(limit)}, "
+                                   f"{binary_size(used)} in use")
         up = os.path.dirname(here)
         if os.path.normpath(here) == os.path.normpath(mount) or up == here:
             return best
@@ -203,7 +203,7 @@ def shortage(size: int, proc_self: str | None = None, meminfo: str | None = None
                      "have the kernel's OOM killer end the process")
     available = mem_available(meminfo)
     if available is not None and size > available:
-        return Bound(available, f"this machine's available memory (MemAvailable {format_bytes(available)})",
+        return Bound(available, f"this machine's available memory (MemAvailable {binary_size(available)})",
                      "free memory on this machine (other programs use it)",
                      "push the machine into swap, or have its OOM killer end a process")
     return None
@@ -222,11 +222,11 @@ def default_bound(backend: str, proc_self: str | None = None, meminfo: str | Non
     available = mem_available(meminfo)
     if available is None:
         total = physical_memory()
-        memory.append(Bound(total // MEMORY_SHARE, f"half of this machine's memory ({format_bytes(total)})",
+        memory.append(Bound(total // MEMORY_SHARE, f"half of this machine's memory ({binary_size(total)})",
                             "use a machine with more memory"))
     else:
         memory.append(Bound(available // MEMORY_SHARE, "half of this machine's available memory when the workers "
-                                                       f"started (MemAvailable {format_bytes(available)})",
+                                                       f"started (MemAvailable {binary_size(available)})",
                             "free memory on this machine (other programs use it)"))
     candidates = memory
     if backend == "posix":

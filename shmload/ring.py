@@ -36,7 +36,8 @@ import mmap
 from operator import attrgetter, countOf
 from typing import Callable, Protocol
 
-from .errors import RingFullError, SharedMemoryError, format_bytes
+from ._units import binary_size
+from .errors import RingFullError, SharedMemoryError
 from .limits import Bound
 from .messages import SlotRef
 
@@ -238,7 +239,7 @@ class Ring:
         under the bound beside the busy old slots (NOTE [ What counts against the bound ])."""
         capacity, count, kept = self._growth(nbytes, count)
         if count < 1:
-            raise self._full(f"grow its slots to {format_bytes(capacity)} for a batch of {format_bytes(nbytes)}",
+            raise self._full(f"grow its slots to {binary_size(capacity)} for a batch of {binary_size(nbytes)}",
                              kept + capacity)
         for slot in self._slots:
             slot.retired = True
@@ -268,20 +269,20 @@ class Ring:
     def _full(self, what: str, needed: int) -> RingFullError:
         held = self.counts()["held"]
         if held > 1:  # a for-loop holds one (the previous batch): more is the consumer keeping them
-            advice = (f"The consumer holds {held} batches ({format_bytes(held * self.slot_bytes)}) whose memory "
+            advice = (f"The consumer holds {held} batches ({binary_size(held * self.slot_bytes)}) whose memory "
                       "the loader may not reuse: copy batches you keep (np.array(x) or tensor.clone()) so their "
                       "slots can be reused, or raise the bound.")
         else:
             advice = ("Make the ring smaller (lower prefetch_factor, num_workers or batch_size), pass "
                       "slot_bytes= the largest batch's size so the ring is sized once, or raise the bound "
                       f"({self.bound_remedy}).")
-        has = f"It has {self.num_slots} slots of {format_bytes(self.slot_bytes)}." if self.slot_bytes else \
+        has = f"It has {self.num_slots} slots of {binary_size(self.slot_bytes)}." if self.slot_bytes else \
             f"It needs {self.target_slots} slots."
         if self.slot_bytes and self.num_slots < 2:
             has += " A for-loop needs at least two: one for the batch it holds, one for the next."
         return RingFullError(
-            f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, over its bound of "
-            f"{format_bytes(self.max_bytes)} ({self.bound_source}). {has} {advice}")
+            f"the loader's ring cannot {what}: that needs {binary_size(needed)} of shared memory, over its bound of "
+            f"{binary_size(self.max_bytes)} ({self.bound_source}). {has} {advice}")
 
     # NOTE [ The ring stops at what fits ]
     # The bound is an estimate: /dev/shm's free space is read once, and other processes

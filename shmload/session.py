@@ -28,6 +28,7 @@ import warnings
 from typing import Any, NamedTuple
 
 from . import _platform, lifetime, wire
+from ._units import binary_size
 from .allocation import SlotAllocator
 from .config import LoaderConfig
 from .dispatch import DEFAULT_PREFETCH, Dispatcher, InFlight, prefetch_depth
@@ -38,7 +39,6 @@ from .errors import (
     WorkerStartupError,
     death_error,
     describe_load,
-    format_bytes,
     restart_message,
     starting_steps,
 )
@@ -467,7 +467,7 @@ class Session:
         wait = self.allocator.waiting_for(self.iteration, seq)
         if wait is not None:
             return (f"worker {wait.worker} has loaded it and is waiting for a ring slot of "
-                    f"{format_bytes(wait.need.nbytes)} ({self.describe_ring()})")
+                    f"{binary_size(wait.need.nbytes)} ({self.describe_ring()})")
         for h in self.supervisor.workers:
             for entry in self.dispatcher.held_by(h.id):
                 if entry.task.iteration == self.iteration and entry.task.seq == seq:
@@ -544,5 +544,5 @@ class Session:
         r, backend = self.ring, self.cfg.shm_backend
         if not r.slot_bytes:
             return f"ring not sized yet (sized from the first batch; {backend} segments)"
-        return (f"ring {r.num_slots} slots x {format_bytes(r.slot_bytes)} = {format_bytes(r.nbytes)} of shared memory "
-                f"({backend} segments, bound {format_bytes(r.max_bytes)})")
+        return (f"ring {r.num_slots} slots x {binary_size(r.slot_bytes)} = {binary_size(r.nbytes)} of shared memory "
+                f"({backend} segments, bound {binary_size(r.max_bytes)})")

@@ -45,7 +45,8 @@ import numpy as np
 
 from . import limits
 from ._platform import MAP_FLAGS, limit_text, signals_blocked, signals_deferred, too_many_files
-from .errors import SharedMemoryError, format_bytes
+from ._units import binary_size
+from .errors import SharedMemoryError
 from .pinning import PinnedRegion, Pinner
 
 SHM_DIR = limits.SHM_DIR
@@ -105,17 +106,17 @@ def default_max_shm_bytes(backend: str) -> limits.Bound:
 def _shortage(size: int, cause: OSError, backend: str) -> SharedMemoryError:
     if backend == "posix":
         free = limits.shm_free(SHM_DIR)
-        where = f"{format_bytes(free)} are free" if free is not None else f"{SHM_DIR} is not available"
+        where = f"{binary_size(free)} are free" if free is not None else f"{SHM_DIR} is not available"
         where += f" in {SHM_DIR}"
         remedy = ("Give the container more shared memory (docker run --shm-size=..., or a larger /dev/shm), "
                   "use shm_backend='memfd' (not bounded by /dev/shm)")
     else:
         bound = limits.default_bound(backend)
-        where = f"memfd segments are memory: the ring's default bound would be {format_bytes(bound.bytes)}, " \
+        where = f"memfd segments are memory: the ring's default bound would be {binary_size(bound.bytes)}, " \
                 f"{bound.source}"
         remedy = f"Give the job more memory ({bound.remedy})"
     return SharedMemoryError(
-        f"could not reserve {format_bytes(size)} of shared memory for the loader's ring "
+        f"could not reserve {binary_size(size)} of shared memory for the loader's ring "
         f"({where}; {cause.strerror or cause}). {remedy}, or make the ring smaller: "
         "lower prefetch_factor, batch_size or num_workers, or set max_shm_bytes."
     )
@@ -173,8 +174,8 @@ def _check_room(size: int) -> None:
     short = limits.shortage(size)
     if short is not None:
         raise SharedMemoryError(
-            f"could not reserve {format_bytes(size)} of shared memory for the loader's ring: only "
-            f"{format_bytes(short.bytes)} are left under {short.source}. Reserving more would {short.harm}. "
+            f"could not reserve {binary_size(size)} of shared memory for the loader's ring: only "
+            f"{binary_size(short.bytes)} are left under {short.source}. Reserving more would {short.harm}. "
             f"{short.remedy[0].upper() + short.remedy[1:]}, or make the ring smaller: lower "
             "prefetch_factor, batch_size or num_workers, or set max_shm_bytes.")
 
@@ -197,9 +198,9 @@ def _map(fd: int, size: int) -> mmap.mmap:
     except OSError as exc:
         if exc.errno != errno.ENOMEM:
             raise
-        limit = limit_text("AS", format_bytes)
+        limit = limit_text("AS", binary_size)
         raise SharedMemoryError(
-            f"could not map {format_bytes(size)} of shared memory into this process ({exc.strerror}): its "
+            f"could not map {binary_size(size)} of shared memory into this process ({exc.strerror}): its "
             f"address space is full or limited (ulimit -v: {limit}). Raise the limit (ulimit -v unlimited, or "
             "the cluster's memory request), or make the ring smaller: lower prefetch_factor, batch_size or "
             "num_workers, or set max_shm_bytes.") from None

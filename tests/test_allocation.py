@@ -16,9 +16,9 @@ from collections import deque
 import pytest
 
 from shmload import RingFullError, SharedMemoryError
+from shmload._units import binary_size
 from shmload.allocation import Grant, SlotAllocator, Waiting
 from shmload.dispatch import Dispatcher, InFlight
-from shmload.errors import format_bytes
 from shmload.messages import NeedSpace, Task
 from shmload.ring import Ring, SlotState, page_round
 
@@ -129,8 +129,8 @@ class World:
 
 def full(what, needed, bound):
     """The start of the ring's RingFullError, as a regex."""
-    return re.escape(f"the loader's ring cannot {what}: that needs {format_bytes(needed)} of shared memory, "
-                     f"over its bound of {format_bytes(bound)} (max_shm_bytes).")
+    return re.escape(f"the loader's ring cannot {what}: that needs {binary_size(needed)} of shared memory, "
+                     f"over its bound of {binary_size(bound)} (max_shm_bytes).")
 
 
 # ---------------------------------------------------------------- for_task
@@ -156,12 +156,12 @@ FOR_TASK = [
                  id="past the bound, a slot READY: wait for it"),
     pytest.param(lambda: World(target=2, bound=2).slots("HH"),
                  full("add a slot for another batch", 3 * PAGE, 2 * PAGE) + re.escape(
-                     f" It has 2 slots of {format_bytes(PAGE)}. The consumer holds 2 batches") +
+                     f" It has 2 slots of {binary_size(PAGE)}. The consumer holds 2 batches") +
                  r".*copy batches you keep", 2,
                  id="past the bound, every slot HELD: RingFullError (the consumer keeps batches)"),
     pytest.param(lambda: World(target=1, bound=1).slots("H"),
                  full("add a slot for another batch", 2 * PAGE, PAGE) + re.escape(
-                     f" It has 1 slots of {format_bytes(PAGE)}. A for-loop needs at least two") +
+                     f" It has 1 slots of {binary_size(PAGE)}. A for-loop needs at least two") +
                  r".*Make the ring smaller", 1,
                  id="past the bound, the one slot HELD: RingFullError (the ring is too small)"),
     # the overtaking rule: a new task is later than every batch in flight
@@ -438,9 +438,9 @@ def test_raise_if_stuck(state, head, raises):
     if not raises:
         world.alloc.raise_if_stuck(IT, head)
         return
-    message = re.escape(f"grow its slots to {format_bytes(3 * PAGE)} for a batch of {format_bytes(3 * PAGE)}: that "
-                        f"needs {format_bytes(world.ring.nbytes + 3 * PAGE)} of shared memory, over its bound of "
-                        f"{format_bytes(world.ring.max_bytes)} (max_shm_bytes)")
+    message = re.escape(f"grow its slots to {binary_size(3 * PAGE)} for a batch of {binary_size(3 * PAGE)}: that "
+                        f"needs {binary_size(world.ring.nbytes + 3 * PAGE)} of shared memory, over its bound of "
+                        f"{binary_size(world.ring.max_bytes)} (max_shm_bytes)")
     with pytest.raises(RingFullError, match=message):
         world.alloc.raise_if_stuck(IT, head)
     world.alloc.raise_if_stuck(IT, head)  # raised once: not kept

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import shmload
+from shmload._units import decimal_rate, decimal_size
 from shmload.errors import OptionalDependencyError
 from shmload.profiler import counters
 from shmload.profiler.diagnosis import diagnose
@@ -27,8 +28,6 @@ from shmload.profiler.stats import (
     MainStats,
     WorkerStats,
     describe_dataset,
-    format_rate,
-    format_size,
 )
 
 from .helpers import SleepyCollate, SleepyDataset
@@ -151,8 +150,8 @@ def test_an_empty_window_says_so():
 
 
 def test_figures_are_printed_in_decimal_units():
-    assert [format_size(n) for n in (512, 32_000, 9_633_792, 1.5e9)] == ["512 B", "32.0 kB", "9.6 MB", "1.50 GB"]
-    assert format_rate(147_650_000) == "147.7 MB/s" and format_rate(11e9) == "11.00 GB/s"
+    assert [decimal_size(n) for n in (512, 32_000, 9_633_792, 1.5e9)] == ["512 B", "32.0 kB", "9.6 MB", "1.50 GB"]
+    assert decimal_rate(147_650_000) == "147.7 MB/s" and decimal_rate(11e9) == "11.00 GB/s"
     s = _stats(num_workers=2, stall=0.5, step=0.5)
     s = LoaderStats(1.0, 2, 2, 2, MainStats(1, 10, 96_000_000, 0.5, 0.5, rss=37_000_000), s.workers, None)
     assert re_search(r"10\.0 batches/s, 96\.0 MB/s\)", str(s)) and re_search(r"main \(1\) .* 37\.0 MB", str(s))

@@ -6,7 +6,8 @@ they rest on are described in ``stats.py``; this module turns a
 
 from __future__ import annotations
 
-from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats, format_rate, format_size
+from .._units import decimal_rate, decimal_size
+from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats
 
 _STAGE_ADVICE = {
     "collate": "collate and the copy into the slot (return fixed-shape, contiguous numpy arrays; avoid a "
@@ -110,13 +111,13 @@ def memory_growth(s: LoaderStats) -> str | None:
     if not grown:
         return None
     n, of = len(grown), sum(w.memory is not None for w in s.workers)
-    growth, seconds = format_size(sum(m.growth for m in grown) / n), sum(m.seconds for m in grown) / n
+    growth, seconds = decimal_size(sum(m.growth for m in grown) / n), sum(m.seconds for m in grown) / n
     if all(m.steady for m in grown):
         how = (f"grows steadily (+{growth} over {seconds:.0f} s per worker, "
-               f"+{format_rate(sum(m.rate for m in grown) / n)}; {n} of {of} workers)")
+               f"+{decimal_rate(sum(m.rate for m in grown) / n)}; {n} of {of} workers)")
     else:
         how = (f"grew and levelled off (+{growth} over {seconds:.0f} s per worker, to "
-               f"{format_size(sum(m.last for m in grown) / n)}; {n} of {of} workers)")
+               f"{decimal_size(sum(m.last for m in grown) / n)}; {n} of {of} workers)")
     return (f"Memory: the workers' private memory {how}: likely copy-on-read. The dataset holds Python "
             "objects (a list of file names or dicts) whose reference counts, written when they are read, "
             "touch pages inherited from the main process, so each worker ends up with its own copy "

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._units import decimal_rate, decimal_size
 from .memory import MemoryTrend
 
 DATA_BOUND_STALL = 0.10  # the consumer waits for data this share of its time or more
@@ -47,19 +48,6 @@ BUSY_WORKERS = 0.80  # workers busy this share of their time or more: they are t
 # window could show a fraction of a core that nobody used).
 OTHER_CORES = 0.2
 MIN_OTHER_SECONDS = 0.1
-
-
-def format_size(n: float) -> str:
-    """``n`` bytes in decimal units: 512 B, 32.0 kB, 9.6 MB, 1.50 GB."""
-    for unit, scale, digits in (("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{int(n)} B"
-
-
-def format_rate(bytes_per_second: float) -> str:
-    """A throughput in decimal units: 147.6 MB/s, 11.00 GB/s."""
-    return format_size(bytes_per_second) + "/s"
 
 
 @dataclass(frozen=True)
@@ -273,18 +261,18 @@ def _ms(seconds: float, batches: int) -> str:
 
 
 def _mem(value: int | None) -> str:
-    return format_size(value) if value is not None else "-"
+    return decimal_size(value) if value is not None else "-"
 
 
 def _signed_rate(bytes_per_second: float) -> str:
-    return ("-" if bytes_per_second < 0 else "+") + format_rate(abs(bytes_per_second))
+    return ("-" if bytes_per_second < 0 else "+") + decimal_rate(abs(bytes_per_second))
 
 
 def memory_line(trends: list[MemoryTrend]) -> str:
     """The workers' USS over the window, summed: first and last samples, the longest
     span, the summed slopes, and how many grew (NOTE [ When a worker's memory grows ])."""
-    line = (f"workers' private memory (USS): {format_size(sum(m.first for m in trends))} -> "
-            f"{format_size(sum(m.last for m in trends))} over {max(m.seconds for m in trends):.1f} s "
+    line = (f"workers' private memory (USS): {decimal_size(sum(m.first for m in trends))} -> "
+            f"{decimal_size(sum(m.last for m in trends))} over {max(m.seconds for m in trends):.1f} s "
             f"({_signed_rate(sum(m.rate for m in trends))})")
     steady, levelled = sum(m.steady for m in trends), sum(m.growing and not m.steady for m in trends)
     if steady:
@@ -302,7 +290,7 @@ def format_table(s: LoaderStats) -> str:
     m = s.main
     lines = [
         f"shmload profile: {m.batches} batches in {s.duration:.2f} s ({s.batches_per_second:.1f} batches/s, "
-        f"{format_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores"
+        f"{decimal_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores"
         + (f", {s.shm_backend} segments" if s.shm_backend else ""),
         f"consumer: waiting in next() {m.stall:.2f} s ({100 * m.stall_fraction:.1f}% of its time: the data stall), "
         f"own work between next() calls {m.step:.2f} s"
@@ -327,13 +315,13 @@ def format_table(s: LoaderStats) -> str:
                  f"{_cpu(m.cpu, s.duration):>7}{_mem(m.rss):>11}{_mem(m.pss):>11}{_mem(m.uss):>11}")
     pss = [p for p in [m.pss] + [w.pss for w in s.workers] if p is not None]
     if pss:
-        lines.append(f"total PSS (shared memory counted once): {format_size(sum(pss))}")
+        lines.append(f"total PSS (shared memory counted once): {decimal_size(sum(pss))}")
     trends = [w.memory for w in s.workers if w.memory is not None]
     if trends:
         lines.append(memory_line(trends))
     if s.ring is not None and s.ring.samples:
         r = s.ring
-        lines.append(f"ring: {r.slots} slots x {format_size(r.slot_bytes)}; mean occupancy free {r.free:.1f}, "
+        lines.append(f"ring: {r.slots} slots x {decimal_size(r.slot_bytes)}; mean occupancy free {r.free:.1f}, "
                      f"filling {r.filling:.1f}, ready {r.ready:.1f}, held by the consumer {r.held:.1f} "
                      f"({r.samples} samples)")
     return "\n".join(lines)

@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
+from .._units import decimal_size
 from ..errors import CommandError
-from ..profiler.stats import format_size
 from ..records import format as fmt
 from ..records.pack import pack_image_folder
 from .cli import counted
@@ -88,5 +88,5 @@ def cmd_pack(args: argparse.Namespace) -> int:
     total = sum(p["bytes"] for p in meta["parts"])
     elapsed = time.monotonic() - started
     print(f"packed {meta['samples']} images of {len(meta['classes'])} classes into {len(meta['parts'])} part(s), "
-          f"{format_size(total)}, in {elapsed:.1f} s: {out}")
+          f"{decimal_size(total)}, in {elapsed:.1f} s: {out}")
     return 0

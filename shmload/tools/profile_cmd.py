@@ -19,9 +19,10 @@ import sys
 import time
 from typing import Any
 
+from .._units import decimal_size
 from ..errors import CommandError, SharedMemoryError
 from ..loader import DataLoader
-from ..profiler.stats import LoaderStats, format_size
+from ..profiler.stats import LoaderStats
 
 NEAR_BEST = 0.95  # a worker count within this share of the best throughput is good enough
 
@@ -313,7 +314,7 @@ def format_comparison(results: dict[int, LoaderStats]) -> str:
                      f"{100 * s.stall_fraction:>7.0f}%{100 * busy:>13.0f}%"
                      f"{1000 * stages['fetch'] / batches:>9.2f}{1000 * stages['collate'] / batches:>9.2f}"
                      f"{1000 * stages['other'] / batches:>8.2f}{cpu:>10}"
-                     f"{format_size(sum(pss)) if pss else '-':>12}{'-' if others is None else f'{others:.2f}':>8}")
+                     f"{decimal_size(sum(pss)) if pss else '-':>12}{'-' if others is None else f'{others:.2f}':>8}")
     return "\n".join(lines)
 
 
