@@ -63,7 +63,7 @@ class StageClock:
         self._saved: list = []
 
     def install(self) -> None:
-        from shmload.session import Session
+        from shmload._session.session import Session
         for name in MAIN_STAGES:
             real = getattr(Session, name)
             self._saved.append((name, real))
@@ -81,7 +81,7 @@ class StageClock:
         return timed
 
     def remove(self) -> None:
-        from shmload.session import Session
+        from shmload._session.session import Session
         for name, real in self._saved:
             setattr(Session, name, real)
 

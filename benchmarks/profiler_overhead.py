@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import shmload
-from shmload.loading import BatchTimer
+from shmload._loading.loading import BatchTimer
+from shmload._loading.worker import _WorkerLoop
 from shmload.profiler import counters
 from shmload.profiler.profile import ConsumerClock
-from shmload.worker import _WorkerLoop
 
 from .workloads import CachedImages, TinyRows
 

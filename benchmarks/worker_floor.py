@@ -26,9 +26,10 @@ import timeit
 
 import numpy as np
 
-from shmload import seeding, wire
-from shmload.collate import StackPlans, write
-from shmload.messages import Indices, SlotRef, Task
+from shmload._batching.collate import StackPlans, write
+from shmload._ordering import seeding
+from shmload._transport import wire
+from shmload._transport.messages import Indices, SlotRef, Task
 
 from .workloads import TinyRows
 

@@ -27,7 +27,7 @@ loader's round-robin goes on without them, which is fine, if wasteful (write at 
 many parts as readers, preferably many more, so the shares are about even). The worker
 comes from ``shmload.get_worker_info()`` (None in the main process, where
 ``num_workers=0`` reads: one reader per rank), the rank and world size from
-``shmload.distributed.world()`` (torch.distributed when initialized, else the ``RANK``
+``shmload._ordering.distributed.world()`` (torch.distributed when initialized, else the ``RANK``
 and ``WORLD_SIZE`` environment that torchrun sets), or rank 0 of 1 without either.
 
 The loader asks each worker for a batch in turn (worker 0's first batch, worker 1's
@@ -81,8 +81,8 @@ from typing import Any, Iterator
 import numpy as np
 
 import shmload
-import shmload.distributed
-from shmload.shuffle import parts_order
+import shmload._ordering.distributed
+from shmload._ordering.shuffle import parts_order
 
 PART_NAME = re.compile(r"part-(\d+)(\.csv)?")  # part-000, part-001, ... (part-00000.csv too)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -130,7 +130,7 @@ def world() -> tuple[int, int]:
     """(world size, rank): torch.distributed's or the RANK/WORLD_SIZE environment's,
     else a single process, rank 0 of 1."""
     try:
-        size, rank, _ = shmload.distributed.world()
+        size, rank, _ = shmload._ordering.distributed.world()
     except RuntimeError:  # neither is set: not a distributed run
         return 1, 0
     return size, rank

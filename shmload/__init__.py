@@ -4,10 +4,15 @@ Workers load and collate batches straight into preallocated shared-memory slots;
 main process yields numpy views into them, with no pickling of array data.
 """
 
+from ._batching.collate import default_collate
+from ._batching.deferred import Batched, DeferredArray
+from ._loader.loader import DataLoader
+from ._loading.worker import WorkerInfo, get_worker_info
+from ._ordering.distributed import DistributedSampler
+from ._ordering.iterable import GeneratorSource, stream_parts
+from ._ordering.sampler import BatchSampler, RandomSampler, SequentialSampler
+from ._ordering.sharding import DistributedWarning
 from ._version import __version__ as __version__
-from .collate import default_collate
-from .deferred import Batched, DeferredArray
-from .distributed import DistributedSampler
 from .errors import (
                      CollateError,
                      ImageDecodeError,
@@ -22,12 +27,7 @@ from .errors import (
                      WorkerError,
                      WorkerStartupError,
 )
-from .iterable import GeneratorSource, stream_parts
-from .loader import DataLoader
 from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
-from .sampler import BatchSampler, RandomSampler, SequentialSampler
-from .sharding import DistributedWarning
-from .worker import WorkerInfo, get_worker_info
 
 __all__ = [  # (__version__ is public too, as every package's)
     "BatchSampler",

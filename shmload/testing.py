@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .deferred import DeferredArray
+from ._batching.deferred import DeferredArray
 
 __all__ = ["assert_resumes_exactly", "check_deferred_array", "flatten", "run"]
 

@@ -56,7 +56,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from shmload.shm import MEMFD_PATH, NAME_PREFIX
+from shmload._transport.shm import MEMFD_PATH, NAME_PREFIX
 
 SHM_DIRS = ("/dev/shm", "/dev/mqueue")
 OURS = NAME_PREFIX.lstrip("/")  # "shmload-": the library's only named objects

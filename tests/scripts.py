@@ -70,7 +70,7 @@ class MemoryCgroup:
     @staticmethod
     def _parent() -> tuple[str, str] | None:
         """(this process's memory cgroup directory, the limit file's name) if writable."""
-        from shmload import limits
+        from shmload._transport import limits
 
         for version, mount, root in limits._memory_mounts("/proc/self/mountinfo"):
             rel = limits._cgroup_path("/proc/self/cgroup", version)

@@ -16,11 +16,11 @@ from collections import deque
 import pytest
 
 from shmload import RingFullError, SharedMemoryError
-from shmload._units import binary_size
-from shmload.allocation import Grant, SlotAllocator, Waiting
-from shmload.dispatch import Dispatcher, InFlight
-from shmload.messages import NeedSpace, Task
-from shmload.ring import Ring, SlotState, page_round
+from shmload._core._units import binary_size
+from shmload._session.allocation import Grant, SlotAllocator, Waiting
+from shmload._session.dispatch import Dispatcher, InFlight
+from shmload._transport.messages import NeedSpace, Task
+from shmload._transport.ring import Ring, SlotState, page_round
 
 pytestmark = pytest.mark.timeout(10)  # pure bookkeeping: anything slower is a loop that does not end
 

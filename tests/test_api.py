@@ -53,7 +53,7 @@ def test_error_hierarchy():
     # that code written for torch (or for files and values) catches
     errors = _shmloads_own(Exception)
     assert len(errors) >= 20, sorted(errors)
-    internal = {"shmload.port.ParentGone"}  # a worker's signal to itself to exit: never leaves the worker
+    internal = {"shmload._loading.port.ParentGone"}  # a worker's signal to itself to exit: never leaves the worker
     for name, cls in errors.items():
         if name in internal:
             continue

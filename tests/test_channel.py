@@ -25,10 +25,9 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from shmload import channel as channel_module
-from shmload.channel import Channel, Inbox, _frame
-from shmload.errors import RemoteError, ShmloadError
-from shmload.messages import (
+from shmload._transport import channel as channel_module
+from shmload._transport.channel import Channel, Inbox, _frame
+from shmload._transport.messages import (
     Attach,
     AttachBoard,
     Detach,
@@ -45,6 +44,7 @@ from shmload.messages import (
     StreamPoint,
     Task,
 )
+from shmload.errors import RemoteError, ShmloadError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,5 +1,5 @@
 """Running where training runs: a container's 64 MB /dev/shm, its memory limit, and the
-ring's default bound read from them (shmload/limits.py).
+ring's default bound read from them (shmload/_transport/limits.py).
 
 The unit tests give limits.py fake cgroup trees (v1, v2, nested, unlimited); the scripts
 run in a private /dev/shm (a mount namespace, as root) or a memory cgroup of their own
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from shmload import DataLoader, RingFullError, limits
+from shmload import DataLoader, RingFullError
+from shmload._transport import limits
 
 from .scripts import MemoryCgroup, can_unshare, describe, run_script, small_shm
 
@@ -237,7 +238,8 @@ def test_a_wrong_backend_is_a_clear_error_from_the_argument_or_the_environment(m
 
 
 def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkeypatch):
-    from shmload import SharedMemoryError, shm
+    from shmload import SharedMemoryError
+    from shmload._transport import shm
 
     monkeypatch.setattr(shm, "memfd_supported", lambda: False)
     assert shm.resolve_backend(None) == "posix"
@@ -250,7 +252,7 @@ def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkey
 
 @pytest.mark.parametrize("code,kept", [(errno.ENOSYS, False), (errno.EMFILE, None)])
 def test_only_the_kernels_refusal_turns_memfd_off_for_good(monkeypatch, code, kept):
-    from shmload import shm
+    from shmload._transport import shm
 
     def fails(name, flags):
         raise OSError(code, os.strerror(code))
@@ -261,7 +263,8 @@ def test_only_the_kernels_refusal_turns_memfd_off_for_good(monkeypatch, code, ke
 
 def test_a_segment_past_the_memory_left_is_refused_before_it_is_reserved(tmp_path, monkeypatch):
     # reserving it would have the OOM killer end the process (NOTE [ Check the room before reserving ])
-    from shmload import SharedMemoryError, shm
+    from shmload import SharedMemoryError
+    from shmload._transport import shm
 
     proc = fake_machine(tmp_path, 2, {"/": (None, 0, 0), "/job/step": (40 * MIB, 20 * MIB, 0)})
     monkeypatch.setattr(limits, "PROC_SELF", proc)

@@ -20,11 +20,10 @@ import zlib
 import numpy as np
 import pytest
 
-from shmload import wire
-from shmload.control import ControlBlock, WorkerEnd, layout_areas
-from shmload.errors import RemoteError
-from shmload.layout import ArraySpec, Layout, LayoutCache, Leaf, ObjectValue, Seq
-from shmload.messages import (
+from shmload._batching.layout import ArraySpec, Layout, LayoutCache, Leaf, ObjectValue, Seq
+from shmload._transport import wire
+from shmload._transport.control import ControlBlock, WorkerEnd, layout_areas
+from shmload._transport.messages import (
     Attach,
     Done,
     Draw,
@@ -37,6 +36,7 @@ from shmload.messages import (
     StreamPoint,
     Task,
 )
+from shmload.errors import RemoteError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import shmload
-from shmload import wire
-from shmload.channel import Channel
-from shmload.control import COMPLETION_BYTES, TASK_BYTES
-from shmload.messages import Task
+from shmload._transport import wire
+from shmload._transport.channel import Channel
+from shmload._transport.control import COMPLETION_BYTES, TASK_BYTES
+from shmload._transport.messages import Task
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader, DistributedSampler
-from shmload.distributed import current_rank, world
-from shmload.seeding import batch_seed
+from shmload._ordering.distributed import current_rank, world
+from shmload._ordering.seeding import batch_seed
 
 from .helpers import AugmentedDataset, RangeDataset
 

@@ -16,7 +16,7 @@ import pytest
 
 import shmload
 from shmload import CollateError, DataLoader, RingFullError, ShmloadWarning, WorkerDiedError, WorkerStartupError
-from shmload.fetch import check_indices
+from shmload._loading.fetch import check_indices
 
 from .helpers import DyingDataset, RangeDataset, SlowDataset
 
@@ -270,8 +270,8 @@ def test_a_workers_index_check_is_given_the_bound_of_its_raw_indices(monkeypatch
             raise RuntimeError(f"checked {list(indices)} with bound {bound}")
         check_indices(dataset, indices, bound)
 
-    monkeypatch.setattr(shmload.fetch, "check_indices", spy)
-    monkeypatch.setattr(shmload.rowwise, "check_indices", spy)
+    monkeypatch.setattr(shmload._loading.fetch, "check_indices", spy)
+    monkeypatch.setattr(shmload._loading.rowwise, "check_indices", spy)
     loader = DataLoader(_Rows(12, size), batch_sampler=[[0, 1], [6, 7]], num_workers=1, timeout=30,
                         multiprocessing_context="fork")  # one worker: its plan for [0, 1] is cached for [6, 7]
     it = iter(loader)
@@ -345,7 +345,7 @@ class HugeDataset(RangeDataset):
 
 # ---------------------------------------------------------------- security
 def test_segments_are_private_to_the_user_and_never_named_while_in_use():
-    seg = shmload.shm.Segment(0, 1 << 16)
+    seg = shmload._transport.shm.Segment(0, 1 << 16)
     try:
         st = os.fstat(seg.fd)
         assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
@@ -358,12 +358,12 @@ def test_a_pre_created_name_is_never_opened(monkeypatch):
     """Names are random (96 bits) and created with O_EXCL: a file an attacker placed under
     the name shmload draws is skipped, not opened, and left untouched."""
     names = iter(["a" * 24, "b" * 24])
-    monkeypatch.setattr(shmload.shm.secrets, "token_hex", lambda n: next(names))
+    monkeypatch.setattr(shmload._transport.shm.secrets, "token_hex", lambda n: next(names))
     squatted = Path("/dev/shm/shmload-" + "a" * 24)
     squatted.write_bytes(b"attacker data")
     os.chmod(squatted, 0o666)
     try:
-        seg = shmload.shm.Segment(0, 1 << 12)
+        seg = shmload._transport.shm.Segment(0, 1 << 12)
         try:
             assert os.fstat(seg.fd).st_ino != squatted.stat().st_ino
             assert bytes(seg.mmap[:13]) == bytes(13)

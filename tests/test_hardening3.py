@@ -288,7 +288,7 @@ def test_a_batch_kept_by_an_interrupted_next_is_not_delivered_in_a_state_saved_m
 
 
 def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
-    from shmload.progress import BatchProgress
+    from shmload._loader.progress import BatchProgress
     p = BatchProgress()
     for seq in (0, 1, 3, 4):
         p.record(seq, None)
@@ -303,8 +303,8 @@ def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
 
 
 def test_a_held_draw_is_taken_out_of_the_saved_streams():
-    from shmload.messages import StreamPoint
-    from shmload.progress import StreamProgress
+    from shmload._loader.progress import StreamProgress
+    from shmload._transport.messages import StreamPoint
     p = StreamProgress(2)
     p.record(0, (0, StreamPoint(1, "a1")))
     p.record(1, (1, StreamPoint(1, "b1")))
@@ -317,7 +317,7 @@ def test_a_held_draw_is_taken_out_of_the_saved_streams():
 
 # ---------------------------------------------------------------- the gate (_platform.py)
 def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
-    from shmload import _platform
+    from shmload._core import _platform
     order = []
 
     def usr1(signum, frame):
@@ -349,7 +349,7 @@ def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
 def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
     """A gate wraps one handler: putting back a saved gate brings back its handler, not the
     one installed meanwhile (with one shared gate, a temporary handler stayed for ever)."""
-    from shmload import _platform
+    from shmload._core import _platform
     calls = []
     with _PreemptionHandler():
         signal.signal(signal.SIGTERM, lambda s, f: calls.append("first"))
@@ -444,7 +444,7 @@ def test_a_window_interrupted_as_its_wait_ends_restores_its_depth():
     """A handler can raise at the first bytecode of interruptible.__exit__, before it put
     the depth back; the window's close must still leave no window open (before: depth -1,
     and every later signal stayed pending for ever)."""
-    from shmload import _platform
+    from shmload._core import _platform
     before = _platform.defer_signals()
     _platform.interruptible().__enter__()  # (its __exit__ never runs, as when a handler raised there)
     _platform.resume_signals(before)
@@ -519,7 +519,7 @@ def test_a_signal_during_a_close_run_by_a_finalizer_is_not_lost_and_the_close_fi
     """`for b in loader: break` closes the workers in the iterator's finalizer, where
     Python drops whatever a handler raises; the SIGTERM that came meanwhile is raised in
     the user's code after it (before: "Exception ignored in", the close left unfinished)."""
-    from shmload.supervisor import Supervisor
+    from shmload._session.supervisor import Supervisor
     shutdown = Supervisor.shutdown
 
     def signalled_shutdown(self):
@@ -569,7 +569,7 @@ def test_an_iterable_source_cut_by_an_interrupt_says_so_and_resumes():
 
 
 def test_a_handlers_exception_leaves_the_signals_after_it_pending_not_lost():
-    from shmload import _platform
+    from shmload._core import _platform
     calls = []
 
     def hup(signum, frame):

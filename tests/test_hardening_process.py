@@ -67,7 +67,7 @@ class _Interrupt:
 
 def test_a_close_interrupted_before_it_released_anything_is_finished_by_the_next(monkeypatch):
     children_before = _children()
-    from shmload import session as session_module
+    from shmload._session import session as session_module
     loader = DataLoader(RangeDataset(16), batch_size=4, num_workers=2, timeout=20)
     it = iter(loader)  # (held: an iterator dropped closes its workers itself)
     assert next(it).tolist() == [0, 1, 2, 3]
@@ -134,7 +134,7 @@ def test_an_interrupt_while_a_posix_segment_has_a_name_leaves_no_entry(monkeypat
     deterministically; Ctrl-C, and a preemption handler's SystemExit."""
     import posix_ipc
 
-    from shmload import shm
+    from shmload._transport import shm
     real = posix_ipc.SharedMemory
     names = []
 
@@ -366,7 +366,8 @@ def test_a_mapping_refused_by_the_address_space_limit_is_a_clear_error_and_the_e
     import errno
     import mmap as mmap_module
 
-    from shmload import SharedMemoryError, shm
+    from shmload import SharedMemoryError
+    from shmload._transport import shm
 
     from .helpers import VariableDataset
     real, main = mmap_module.mmap, os.getpid()

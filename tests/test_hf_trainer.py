@@ -17,8 +17,8 @@ import types
 import pytest
 
 import shmload
+from shmload._ordering.seeding import permutation
 from shmload.integrations import hf_trainer
-from shmload.seeding import permutation
 
 from .helpers import RangeDataset
 from .scripts import ROOT, describe, read_jsonl, run_script, torchrun_args

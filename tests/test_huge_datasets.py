@@ -1,6 +1,6 @@
 """Huge and "endless" map-style datasets (issue 18): an epoch over 2**40 samples, or over
 a dataset whose ``len()`` is ``sys.maxsize``, starts at once and takes memory for its
-batches only (NOTE [ Orders are computed a slice at a time ] in shmload/sampler.py)."""
+batches only (NOTE [ Orders are computed a slice at a time ] in shmload/_ordering/sampler.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
-from shmload.sampler import Order
-from shmload.seeding import RangeShuffle
-from shmload.sharding import share
+from shmload._ordering.sampler import Order
+from shmload._ordering.seeding import RangeShuffle
+from shmload._ordering.sharding import share
 
 from .helpers import RangeDataset
 

@@ -12,7 +12,7 @@ import pytest
 
 import shmload
 from shmload import DataLoader, GeneratorSource, ShmloadWarning, WorkerDiedError
-from shmload.schedule import RoundRobinSchedule
+from shmload._ordering.schedule import RoundRobinSchedule
 
 from .helpers import DataFlowLike, StatefulWorkerStreams, WorkerStreams, count_up
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from shmload import CollateError, default_collate
-from shmload import collate as C
-from shmload import layout as L
+from shmload._batching import collate as C
+from shmload._batching import layout as L
 
 from .helpers import Pair
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from shmload import DataLoader
-from shmload.shm import NAME_PREFIX
+from shmload._transport.shm import NAME_PREFIX
 
 from .conftest import assert_nothing_new, snapshot
 from .helpers import RangeDataset
@@ -225,7 +225,7 @@ def test_a_child_process_left_alive_is_caught():
 @pytest.mark.shm_names
 def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
     # what lets the autouse check fail a test in which the default backend shows a name
-    from shmload import shm
+    from shmload._transport import shm
 
     from .conftest import NameWatch, _own_names
 

@@ -53,7 +53,7 @@ def test_a_for_loop_reuses_the_ring_without_growing_it(prefetch_factor, depth):
 def test_small_batches_slow_to_load_keep_torchs_depth(monkeypatch):
     # ~10 ms per batch of one int: the bytes rule alone would queue 64 per worker, which a
     # break leaves behind for persistent workers to load (dispatch.DEPTH_SECONDS)
-    from shmload.dispatch import Dispatcher
+    from shmload._session.dispatch import Dispatcher
     held, assign = [], Dispatcher.assign
 
     def counted(self, wid, key, task):

@@ -48,7 +48,7 @@ def test_fit_sees_every_sample_once_per_epoch_in_a_new_order(reference):
     assert epochs[0] != epochs[1]
     assert epochs[0] != list(range(SAMPLES))  # shuffled
     # the probe iter() Lightning makes must not use up an epoch: epoch 0 is shmload's epoch 0
-    from shmload.seeding import permutation
+    from shmload._ordering.seeding import permutation
     assert epochs[0] == permutation(0, 0, SAMPLES).tolist()
 
 

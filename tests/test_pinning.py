@@ -18,7 +18,8 @@ import warnings
 import numpy as np
 import pytest
 
-from shmload import DataLoader, ShmloadWarning, pinning, shm
+from shmload import DataLoader, ShmloadWarning
+from shmload._transport import pinning, shm
 
 from .helpers import ImageDataset, RangeDataset
 

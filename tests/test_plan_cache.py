@@ -12,7 +12,7 @@ import collections
 import numpy as np
 import pytest
 
-from shmload.collate import StackPlans, build_local, plan_stack
+from shmload._batching.collate import StackPlans, build_local, plan_stack
 from shmload.errors import CollateError
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import shmload
-from shmload._units import decimal_rate, decimal_size
+from shmload._core._units import decimal_rate, decimal_size
 from shmload.errors import OptionalDependencyError
 from shmload.profiler import counters
 from shmload.profiler.diagnosis import diagnose

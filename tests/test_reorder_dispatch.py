@@ -4,8 +4,8 @@ from typing import NamedTuple
 
 import pytest
 
-from shmload.dispatch import Dispatcher, prefetch_depth
-from shmload.reorder import ReorderBuffer, ReorderError
+from shmload._loader.reorder import ReorderBuffer, ReorderError
+from shmload._session.dispatch import Dispatcher, prefetch_depth
 
 
 def test_in_order_delivery_whatever_the_arrival_order():
@@ -116,7 +116,7 @@ def test_automatic_prefetch_goes_deep_only_for_small_batches():
 
 
 def test_a_measured_pace_caps_the_automatic_depth_at_a_few_milliseconds_of_work():
-    from shmload.dispatch import DEPTH_SECONDS
+    from shmload._session.dispatch import DEPTH_SECONDS
     assert prefetch_depth(None, 4 * KIB, 2, GIB, batch_seconds=1e-5) == 64  # fast: the bytes rule
     assert prefetch_depth(None, 36 * KIB, 2, GIB, batch_seconds=150e-6) == 28
     assert prefetch_depth(None, 4 * KIB, 2, GIB, batch_seconds=DEPTH_SECONDS / 10) == 10

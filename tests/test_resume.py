@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler, ShmloadWarning
-from shmload.progress import BatchProgress
+from shmload._loader.progress import BatchProgress
 from shmload.testing import assert_resumes_exactly, flatten, run
 
 from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams

@@ -3,7 +3,7 @@
 import pytest
 
 from shmload import RingFullError
-from shmload.ring import Ring, SlotState, page_round
+from shmload._transport.ring import Ring, SlotState, page_round
 
 PAGE = page_round(1)
 

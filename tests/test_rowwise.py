@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from shmload import CollateError, DataLoader
-from shmload import collate as C
-from shmload import layout as L
-from shmload.rowwise import MIN_SAMPLE_BYTES, RowwiseBatch
+from shmload._batching import collate as C
+from shmload._batching import layout as L
+from shmload._loading.rowwise import MIN_SAMPLE_BYTES, RowwiseBatch
 
 from .helpers import LiveSamplesDataset
 

@@ -5,9 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from shmload import BatchSampler, RandomSampler, SequentialSampler, seeding
-from shmload.sampler import Order
-from shmload.seeding import RangeShuffle, permutation
+from shmload import BatchSampler, RandomSampler, SequentialSampler
+from shmload._ordering import seeding
+from shmload._ordering.sampler import Order
+from shmload._ordering.seeding import RangeShuffle, permutation
 
 
 def test_sequential():
@@ -92,7 +93,7 @@ def test_bad_seed_and_epoch():
 
 
 def test_batch_seeds_are_fixed_by_seed_epoch_and_position_and_differ_between_them():
-    from shmload.seeding import batch_seed
+    from shmload._ordering.seeding import batch_seed
     seeds = {batch_seed(seed, epoch, pos) for seed in (0, 1, 2**62) for epoch in range(3) for pos in range(50)}
     assert len(seeds) == 3 * 3 * 50  # no two batches share their seed
     assert batch_seed(7, 1, 3) == batch_seed(7, 1, 3) and 0 <= batch_seed(7, 1, 3) < 2**64

@@ -1,4 +1,4 @@
-"""Sharding under a trainer (shmload/sharding.py): the pure rule, and the loader following
+"""Sharding under a trainer (shmload/_ordering/sharding.py): the pure rule, and the loader following
 it. The world is given by hand here; tests/test_trainers.py runs the same with real
 torch.distributed process groups, Lightning and accelerate."""
 
@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from shmload import DataLoader, DistributedSampler, RandomSampler, SequentialSampler, sharding
-from shmload.sharding import DistributedWarning, decide, looks_distributed
+from shmload import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from shmload._ordering import sharding
+from shmload._ordering.sharding import DistributedWarning, decide, looks_distributed
 
 from .helpers import AugmentedDataset, RangeDataset
 

@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from shmload import SharedMemoryError, shm
+from shmload import SharedMemoryError
+from shmload._transport import shm
 
 from .conftest import _attributed, _entries
 from .scripts import can_unshare, run_script, small_shm

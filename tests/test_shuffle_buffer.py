@@ -10,9 +10,9 @@ import pytest
 
 import shmload
 from shmload import DataLoader, GeneratorSource, ShmloadWarning
-from shmload.iterable import Stream, StreamPlace
-from shmload.messages import Draw, StreamPoint
-from shmload.shuffle import BLOCK, ShuffleBuffer, StreamShuffle, arrangement, parts_order, share_of_parts
+from shmload._ordering.iterable import Stream, StreamPlace
+from shmload._ordering.shuffle import BLOCK, ShuffleBuffer, StreamShuffle, arrangement, parts_order, share_of_parts
+from shmload._transport.messages import Draw, StreamPoint
 from shmload.testing import assert_resumes_exactly, flatten, run
 
 from .helpers import StatefulWorkerStreams, WorkerStreams
@@ -31,7 +31,7 @@ def labels(loader, epochs=1):
 def simulate(size, key, total):
     """The buffer's order over range(total), written out the plain way (the NOTE in
     shuffle.py): fill, then pick with u_t mod held, refill or move the last slot in."""
-    from shmload.shuffle import block_picks
+    from shmload._ordering.shuffle import block_picks
     buf, out, src, t = [], [], iter(range(total)), 0
     for x in src:
         buf.append(x)

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 import shmload
-import shmload.spans
-from shmload import CollateError, WorkerDiedError, seeding
-from shmload.dispatch import Dispatcher, InFlight
-from shmload.layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, widened
-from shmload.messages import Indices, Task
-from shmload.parts import Span, bounds, cuts_within, plan_spans, span, tail_wait
-from shmload.splitting import SplitBatch, merged
+import shmload._session.spans
+from shmload import CollateError, WorkerDiedError
+from shmload._batching.layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, widened
+from shmload._batching.parts import Span, bounds, cuts_within, plan_spans, span, tail_wait
+from shmload._batching.splitting import SplitBatch, merged
+from shmload._ordering import seeding
+from shmload._session.dispatch import Dispatcher, InFlight
+from shmload._transport.messages import Indices, Task
 
 from .helpers import DyingDataset, SleepyDataset
 
@@ -157,7 +158,7 @@ def test_a_batch_loaded_again_whole_goes_to_a_worker_holding_no_later_batch():
     never be loaded. So it goes to a worker holding no later batch, even a busier one."""
     from types import SimpleNamespace
 
-    from shmload.spans import SplitBatches
+    from shmload._session.spans import SplitBatches
 
     dispatcher = Dispatcher(3, 8)
     for wid, seqs in ((0, [9]), (1, [3, 4]), (2, [7])):
@@ -179,8 +180,8 @@ def test_a_failure_to_size_the_ring_for_a_split_batch_loads_it_whole_and_loses_n
     messages read with it and leave the span's worker waiting). The batch is loaded
     again whole, whose slot is asked for where growth may fail safely (here it then
     succeeds)."""
+    from shmload._transport.ring import Ring
     from shmload.errors import SharedMemoryError
-    from shmload.ring import Ring
 
     failures = []
     grow = Ring.grow_capacity
@@ -200,7 +201,7 @@ def test_a_failure_to_size_the_ring_for_a_split_batch_loads_it_whole_and_loses_n
 
 
 def test_a_note_is_kept_where_exceptions_have_no_add_note():
-    from shmload.spans import _add_note
+    from shmload._session.spans import _add_note
 
     class Old:  # an exception of Python 3.10, which has no add_note
         pass
@@ -467,8 +468,8 @@ class Ordered:
 
 def test_samples_in_a_copied_container_merge_and_keep_sample_zeros_container(monkeypatch):
     sent_whole = []
-    original = shmload.spans.SplitBatches._send_whole
-    monkeypatch.setattr(shmload.spans.SplitBatches, "_send_whole",
+    original = shmload._session.spans.SplitBatches._send_whole
+    monkeypatch.setattr(shmload._session.spans.SplitBatches, "_send_whole",
                         lambda self, split: (sent_whole.append(split.seq), original(self, split))[1])
     want = list(shmload.DataLoader(Ordered(), batch_size=8))
     with shmload.DataLoader(Ordered(), batch_size=8, num_workers=2, split_batches=True, timeout=30) as loader:

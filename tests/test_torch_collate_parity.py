@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from shmload import CollateError, DataLoader, DeferredArray, default_collate
-from shmload import collate as C
-from shmload import layout as L
-from shmload.batcher import RowwiseTypeMismatch
-from shmload.promotion import promote_types
-from shmload.rowwise import RowwiseBatch
+from shmload._batching import collate as C
+from shmload._batching import layout as L
+from shmload._batching.batcher import RowwiseTypeMismatch
+from shmload._batching.promotion import promote_types
+from shmload._loading.rowwise import RowwiseBatch
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 

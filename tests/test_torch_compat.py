@@ -46,7 +46,7 @@ def test_more_workers_than_cores_is_torchs_warning_at_construction_and_when_work
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     loader, said = _said(lambda: DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30), "in total")
     assert [str(w.message) for w in said] == [TOO_MANY]
-    assert said[0].category is UserWarning and said[0].filename.endswith(os.path.join("shmload", "loader.py"))
+    assert said[0].category is UserWarning and said[0].filename.endswith(os.path.join("shmload", "_loader", "loader.py"))
     for _ in range(2):  # every iter() starts workers
         assert [str(w.message) for w in _said(lambda: list(loader), "in total")[1]] == [TOO_MANY]
     persistent, said = _said(lambda: DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=30,

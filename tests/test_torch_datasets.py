@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from shmload import DataLoader, ShmloadWarning, shipping
+from shmload import DataLoader, ShmloadWarning
+from shmload._session import shipping
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import shmload
-from shmload import DataLoader, seeding
+from shmload import DataLoader
+from shmload._ordering import seeding
 
 from .helpers import RangeDataset
 

@@ -4,7 +4,7 @@ in place of the default memfd ones.
 
 It runs with its own default ``prefetch_factor=None``: depth 2 per worker, as the peers
 are given, for every workload with batches of 512 KiB or more; deeper for ``tiny`` (see
-``shmload.dispatch.prefetch_depth``), which is what a user of shmload gets.
+``shmload._session.dispatch.prefetch_depth``), which is what a user of shmload gets.
 """
 
 from __future__ import annotations

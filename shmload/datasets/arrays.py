@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..deferred import Batched, DeferredArray
+from .._batching.deferred import Batched, DeferredArray
 
 
 class ArrayDataset:

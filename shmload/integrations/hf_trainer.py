@@ -37,8 +37,8 @@ import os
 import weakref
 from typing import Any
 
+from .._loader.loader import DataLoader
 from ..errors import OptionalDependencyError
-from ..loader import DataLoader
 
 LOADER_STATE_NAME = "shmload_loader.json"
 

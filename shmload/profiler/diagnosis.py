@@ -6,8 +6,15 @@ they rest on are described in ``stats.py``; this module turns a
 
 from __future__ import annotations
 
-from .._units import decimal_rate, decimal_size
-from .stats import BUSY_WORKERS, DatasetInfo, LoaderStats
+from typing import TYPE_CHECKING
+
+from .._core._units import decimal_rate, decimal_size
+from .dataset import DatasetInfo
+
+if TYPE_CHECKING:
+    from .stats import LoaderStats
+
+BUSY_WORKERS = 0.80  # workers busy this share of their time or more: they are the limit
 
 _STAGE_ADVICE = {
     "collate": "collate and the copy into the slot (return fixed-shape, contiguous numpy arrays; avoid a "

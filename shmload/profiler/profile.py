@@ -32,7 +32,7 @@ import numpy as np
 # anywhere) found a half-initialized module and stopped part-way.
 import psutil
 
-from .._platform import usable_cpus
+from .._core._platform import usable_cpus
 from . import counters
 from .memory import MEMORY_INTERVAL, MemoryHistory, memory_trend
 from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset

@@ -38,45 +38,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .._units import decimal_rate, decimal_size
+from .._core._units import decimal_rate, decimal_size
+from .dataset import DatasetInfo, describe_dataset  # noqa: F401  (re-exported: what the snapshot is told)
 from .memory import MemoryTrend
 
 DATA_BOUND_STALL = 0.10  # the consumer waits for data this share of its time or more
-BUSY_WORKERS = 0.80  # workers busy this share of their time or more: they are the limit
 # Other programs' CPU that counts as contention: at least this many cores on average, and
 # at least MIN_OTHER_SECONDS in all (the kernel counts CPU time in 10 ms ticks, so a short
 # window could show a fraction of a core that nobody used).
 OTHER_CORES = 0.2
 MIN_OTHER_SECONDS = 0.1
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What the diagnosis knows of the dataset, to name stages it really has."""
-
-    name: str  # its class (or function) name
-    images: bool = False  # it decodes images: its ``decodes_images`` says so (ImageFolder, RecordDataset(image=True))
-    # its transform's ``reduced_decode``: True, False (a shmload transform told not to), None (not known)
-    reduced_decode: bool | None = None
-    batched: bool = False  # it has __getitems__
-    stream: bool = False  # read with __iter__, not __getitem__
-
-
-def describe_dataset(dataset: Any) -> DatasetInfo:
-    """The :class:`DatasetInfo` of a dataset object, from what it says of itself: its
-    ``decodes_images`` and its transform's ``reduced_decode`` (the datasets and the
-    transforms of shmload have them, and any other may). Only its type and attributes
-    are read; an object whose attributes raise is described by its class name alone."""
-    kind = type(dataset)
-    stream = not hasattr(kind, "__getitem__")
-    name = getattr(dataset, "__name__", None) if stream and callable(dataset) else None  # a generator function
-    try:
-        images = getattr(dataset, "decodes_images", False) is True
-        reduced = getattr(getattr(dataset, "transform", None), "reduced_decode", None)
-    except Exception:
-        return DatasetInfo(kind.__name__, stream=stream)
-    return DatasetInfo(name or kind.__name__, images, reduced if images and isinstance(reduced, bool) else None,
-                       hasattr(kind, "__getitems__"), stream)
 
 
 @dataclass(frozen=True)
@@ -244,7 +215,7 @@ class LoaderStats:
 
     # ------------------------------------------------------------ text
     def diagnosis(self) -> str:
-        from .diagnosis import diagnose  # (it reads these classes)
+        from .diagnosis import diagnose  # (it reads these classes, for their types only)
 
         return diagnose(self)
 

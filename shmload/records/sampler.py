@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._checks import check_int
-from ..sampler import check_state
+from .._core._checks import check_int
+from .._ordering.sampler import check_state
 
 _STREAM = 1  # the SeedSequence stream of this sampler (seeding.SAMPLER_STREAM is 0)
 
@@ -27,7 +27,7 @@ class PartShuffleSampler:
     consecutive parts. ``window=1`` reads one part at a time; a window as large as the
     number of parts is a full shuffle."""
 
-    _array_order = True  # BatchSampler slices _order() (see shmload.sampler)
+    _array_order = True  # BatchSampler slices _order() (see shmload._ordering.sampler)
 
     def __init__(self, dataset: Any, window: int = 4, seed: int = 0):
         check_int("window", window, 1)

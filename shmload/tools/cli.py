@@ -26,11 +26,11 @@ import os
 import sys
 import textwrap
 import traceback
-from typing import Callable
 
 from ..errors import CommandError, ShmloadError
 
 # contention_warning and describe_exception are the profile command's; importable from here too
+from .args import counted  # noqa: F401  (the subcommands' argument types: args.py)
 from .profile_cmd import add_parser as add_profile_parser
 from .profile_cmd import contention_warning, describe_exception
 
@@ -47,21 +47,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
-
-
-def counted(minimum: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum`` (``what`` names it)."""
-
-    def parse(text: str) -> int:
-        try:
-            value: int | None = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}: a whole number of at least {minimum}, got {text!r}")
-        return value
-
-    return parse
 
 
 def build_parser() -> Parser:

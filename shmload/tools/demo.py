@@ -12,9 +12,9 @@ import argparse
 import os
 import time
 
+from .._loader.loader import DataLoader
 from ..datasets import ImageFolder
 from ..errors import CommandError
-from ..loader import DataLoader
 from ..transforms import train_pipeline
 from . import synthetic
 
@@ -69,7 +69,7 @@ time per stage and a diagnosis.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from .cli import counted
+    from .args import counted
 
     cores = len(os.sched_getaffinity(0))
     p = sub.add_parser("demo", help="load a built-in synthetic image folder and show where the time goes",

@@ -7,11 +7,11 @@ import os
 import time
 from typing import Any
 
-from .._units import decimal_size
+from .._core._units import decimal_size
 from ..errors import CommandError
 from ..records import format as fmt
 from ..records.pack import pack_image_folder
-from .cli import counted
+from .args import counted
 
 
 def _size(text: str) -> int:

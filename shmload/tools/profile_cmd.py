@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any
 
-from .._units import decimal_size
+from .._core._units import decimal_size
+from .._loader.loader import DataLoader
 from ..errors import CommandError, SharedMemoryError
-from ..loader import DataLoader
 from ..profiler.stats import LoaderStats
 
 NEAR_BEST = 0.95  # a worker count within this share of the best throughput is good enough
@@ -77,7 +77,7 @@ examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from .cli import counted
+    from .args import counted
 
     p = sub.add_parser("profile", help="find out whether loading keeps up, and how many workers to use",
                        description=DESCRIPTION)

@@ -14,7 +14,7 @@ finally the collate's copy into the batch. Here, per image:
    row: a copy (mirrored if flipped) for ``uint8-hwc``, or subtract-and-scale into
    float32 ``[3, H, W]`` for ``float32-chw``.
 
-Step 2 is the :class:`~shmload.deferred.DeferredArray` protocol: the dataset returns a
+Step 2 is the :class:`~shmload._batching.deferred.DeferredArray` protocol: the dataset returns a
 small object that knows its output shape and dtype, and the loader hands it the slot row.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..deferred import DeferredArray
+from .._batching.deferred import DeferredArray
 from . import params
 from .ops import MEAN, STD, as_pil, crop_resize, resample_filter
 

@@ -1,0 +1,107 @@
+"""The pool: a loader's worker sessions across epochs, and the epoch iterator each
+``iter()`` gets.
+
+With ``persistent_workers=True`` one session (``session.py``) serves every epoch until
+the settings change; otherwise each iterator owns a session of its own, which stops with
+the iterator (its finalizer, ``break``, the end of the epoch). The pool is kept apart
+from the loader so the loader's finalizer can close it, and it never outlives a fork: a
+forked child's pool starts its own workers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+from .._core import _platform
+from .._ordering.iterable import Stream
+from .._session.config import LoaderConfig
+from .._session.session import RestartBudget, Session
+from .._session.supervisor import owned_here
+from ..profiler.profile import Profile
+from .epoch import MultiprocessEpoch, SingleProcessEpoch
+
+
+class SessionPool:
+    """A loader's sessions: the persistent one, every live one (closed with the loader),
+    the restart budget and profile they share, and an iterable source's in-process stream."""
+
+    def __init__(self) -> None:
+        self.persistent: Session | None = None
+        self.live: weakref.WeakSet[Session] = weakref.WeakSet()
+        self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
+        self.profile = Profile()  # always on: see profiler/profile.py and loader.stats()
+        self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
+        # Two threads' iter() must not both start a persistent session, nor one close the
+        # session another's iterator is using (NOTE [ Threads sharing a session ]). A
+        # forked child takes a lock of its own: one another thread held at the fork would
+        # be held for ever there.
+        self._opening = threading.Lock()
+        self._opening_pid = os.getpid()
+
+    def starts_workers(self, cfg: LoaderConfig) -> bool:
+        """Does ``open_epoch(cfg)`` start worker processes? With ``num_workers > 0``, always
+        unless it keeps a persistent session (owned here, open, of these settings)."""
+        if cfg.num_workers == 0:
+            return False
+        held = self.persistent
+        return not cfg.persistent_workers or held is None or held.closed or held.cfg is not cfg or \
+            not owned_here(held.owner_pid)
+
+    def open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                   loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
+        """The iterator of the next epoch, with its session (started now, as torch's
+        ``iter()`` starts its workers) or none for ``num_workers=0``."""
+        if self._opening_pid != os.getpid():
+            self._opening, self._opening_pid = threading.Lock(), os.getpid()
+        # A window (_platform.py, NOTE [ Interrupts wait for a window ]): waiting for
+        # another thread's iter() is open to an interrupt, and starting workers is not; an
+        # interrupt is handed on once the session is whole and owned, by the loader
+        # (persistent) or by the iterator, whose finalizer closes it.
+        entered = _platform.defer_signals()
+        try:
+            _platform.acquire(self._opening)
+            try:
+                return self._open_epoch(cfg, claim, length, loader)
+            finally:
+                self._opening.release()
+        finally:
+            _platform.resume_signals(entered)
+
+    def _open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                    loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:
+        if self.persistent is not None and not owned_here(self.persistent.owner_pid):
+            self.persistent = None  # inherited through a fork: those workers are not ours
+            self.live = weakref.WeakSet()
+        if self.persistent is not None and self.persistent.cfg is not cfg:
+            self.persistent.close()  # settings changed since its workers started
+            self.persistent = None
+        if cfg.num_workers == 0:
+            if cfg.iterable and self.stream is None:
+                self.stream = Stream(cfg.dataset)  # reset_state(), once per loader
+            return SingleProcessEpoch(cfg, claim, length, self.profile, self.stream)
+        return self._multiprocess_epoch(cfg, claim, length, loader)
+
+    def _multiprocess_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
+                            loader: Any) -> MultiprocessEpoch:
+        if cfg.persistent_workers:
+            if self.persistent is None or self.persistent.closed:
+                self.persistent = Session(cfg, self.restarts, self.profile)
+                self.live.add(self.persistent)
+            return MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile)
+        session = Session(cfg, self.restarts, self.profile)
+        try:
+            self.live.add(session)
+            return MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile)
+        except BaseException:
+            session.close()
+            raise
+
+    def close(self, finalizing: bool = False) -> None:
+        """Close every session (``finalizing``: run by the loader's finalizer)."""
+        for session in [self.persistent, *self.live]:
+            if session is not None:
+                session.close(finalizing)
+        self.persistent = None

@@ -1,0 +1,177 @@
+"""The loader's settings, validated once and frozen, so no stage takes a long argument list."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .._batching.parts import DEFAULT_PARTS, MAX_PARTS, parts_of
+from .._core import _platform
+from .._core._checks import check_int
+from .._ordering.shuffle import StreamShuffle
+from .._transport import pinning
+from ..errors import OptionalDependencyError, ShmloadWarning
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    dataset: Any
+    auto_batch: bool  # False with batch_size=None: one sample per step, nothing stacked
+    collate_fn: Callable | None  # None: the default collate, written straight into the slot
+    num_workers: int
+    prefetch_factor: int | None  # None: 2, deeper for small batches (dispatch.prefetch_depth)
+    persistent_workers: bool
+    timeout: float
+    worker_init_fn: Callable | None
+    in_order: bool
+    seed: int
+    context: Any  # a multiprocessing context
+    output: str  # "numpy" | "torch"
+    slot_bytes: int | None
+    max_shm_bytes: int | None
+    shm_backend: str  # "memfd" | "posix", resolved (shm.resolve_backend)
+    max_worker_restarts: int = 0
+    rank: int = 0  # this process's rank in a distributed job, mixed into the batch seeds (seeding.py)
+    iterable: bool = False  # the dataset is read as a stream (iterable.py)
+    batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
+    drop_last: bool = False
+    pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)
+    split_batches: bool | None = None  # None: when workers would idle; True: always; False: never (parts.py)
+    batch_parts: int = DEFAULT_PARTS
+    stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffle buffer and readers (shuffle.py)
+
+    @property
+    def parts(self) -> int:
+        """Each batch's parts (NOTE [ Parts of a batch ], parts.py): 1 where a batch is never
+        split, the collate or ``__getitems__`` making one result for the whole batch."""
+        if (self.split_batches is False or self.iterable or not self.auto_batch or self.collate_fn is not None
+                or hasattr(self.dataset, "__getitems__")):
+            return 1
+        return self.batch_parts
+
+    def parts_at(self, seq: int, length: int | None) -> int:
+        """Batch ``seq``'s parts in an epoch of ``length`` batches (``parts.parts_of``)."""
+        return parts_of(seq, length, self.parts, self.split_batches is True)
+
+
+def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
+                    num_workers: Any, prefetch_factor: Any, seed: Any, generator: Any, multiprocessing_context: Any,
+                    distributed: Any) -> tuple[int | None, bool]:
+    """The constructor's checks, with torch's rules and words where torch has them; the
+    ``batch_size`` and ``drop_last`` the loader takes (None and False with a batch_sampler)."""
+    check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+    check_int("seed", seed, 0, allow_none=True)
+    if not isinstance(drop_last, bool):  # torch's BatchSampler refuses other values, in these words
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
+    if distributed not in (None, False, True):
+        raise ValueError(f"distributed should be True, False or None, but got distributed={distributed!r}")
+    if shuffle not in (None, False, True):
+        raise ValueError(f"shuffle should be True, False or None, but got shuffle={shuffle!r}")
+    if multiprocessing_context is not None and num_workers == 0:  # torch's check and words
+        raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                         f"but got num_workers={num_workers}")
+    if generator is not None and seed is not None:
+        raise ValueError("give seed= or generator=, not both: both choose the loader's random seed")
+
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                             "sampler, and drop_last")
+        batch_size, drop_last = None, False
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
+                             "with drop_last")
+    else:
+        check_int("batch_size", batch_size, 1)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    return batch_size, drop_last
+
+
+def check_settings(loader: Any) -> None:
+    """The checks for every setting that may change after construction (loader.py's ``_SETTINGS``)."""
+    # (torch's words too, which scripts match: "num_workers option should be non-negative")
+    check_int("num_workers", loader.num_workers, 0,
+              also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing")
+    _platform.check_supported(loader.num_workers)
+    check_int("prefetch_factor", loader.prefetch_factor, 1, allow_none=True)
+    check_int("seed", loader.seed, 0)
+    check_int("slot_bytes", loader.slot_bytes, 1, allow_none=True)
+    check_int("max_shm_bytes", loader.max_shm_bytes, 1, allow_none=True)
+    check_int("max_worker_restarts", loader.max_worker_restarts, 0)
+    check_int("batch_parts", loader.batch_parts, 1)
+    if loader.batch_parts > MAX_PARTS:
+        raise ValueError(f"batch_parts should be at most {MAX_PARTS}, but got batch_parts={loader.batch_parts!r}")
+    if loader.split_batches not in (None, False, True):
+        raise ValueError(f"split_batches should be True, False or None, but got split_batches={loader.split_batches!r}")
+    # persistent_workers and in_order are taken for their truth, as torch takes them (1, 0, None)
+    timeout = loader.timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
+        raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
+    for name in ("collate_fn", "worker_init_fn"):
+        fn = getattr(loader, name)
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} should be callable or None, but got {fn!r}")
+    if loader.output not in ("numpy", "torch"):
+        raise ValueError(f"output should be 'numpy' or 'torch', but got output={loader.output!r}")
+    if loader.output == "torch":
+        try:
+            import torch  # noqa: F401  (only imported when asked for)
+        except ImportError as exc:
+            raise OptionalDependencyError("output='torch' needs torch: pip install torch==2.13.0 (the version "
+                                          "shmload is tested with; or pip install 'shmload[torch]')") from exc
+
+
+# NOTE [ torch's excessive-worker warning ]
+# torch's DataLoader (check_worker_number_rationality) warns when num_workers exceeds the
+# CPUs the process may use (_platform.cpu_count), at construction and again whenever an
+# iterator starts workers: every iter() with num_workers > 0, only the first of a
+# persistent loader (here also one whose workers restart for changed settings, since
+# those are new workers). Scripts filter it by its words, and torch's tests expect it
+# from the constructor, so it is given then, in those words. torch attributes it to its
+# own lines, not the caller's, so Python's default filter shows it once per process and
+# place however many loaders are made; it is attributed here to the loader's own lines
+# (stacklevel 2: DataLoader.__init__ or __iter__) for the same effect.
+def too_many_workers(num_workers: int) -> str | None:
+    """torch's warning for ``num_workers`` workers, in its words; None if it has none."""
+    if not num_workers:
+        return None
+    cores = _platform.cpu_count()
+    if cores is not None and num_workers <= cores:
+        return None
+    if cores is None:
+        suggested = "DataLoader is not able to compute a suggested max number of worker in current system."
+    else:
+        unchecked = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+        suggested = (f"Our suggested max number of worker in current system is {cores}{unchecked}, which is smaller "
+                     "than what this DataLoader is going to create.")
+    return (f"This DataLoader will create {num_workers} worker processes in total. {suggested} Please be aware that "
+            "excessive worker creation might get DataLoader running slow or even freeze, lower the worker number to "
+            "avoid potential slowness/freeze if necessary.")
+
+
+def warn_too_many_workers(num_workers: int) -> None:
+    """Give torch's excessive-worker warning if it applies (NOTE above), attributed to the caller."""
+    message = too_many_workers(num_workers)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def iter_warnings(cfg: LoaderConfig, pin_memory: Any, pin_memory_device: str,
+                  pin_note: str | None) -> list[tuple[str, type]]:
+    """The warnings torch's DataLoader gives when an iterator is made, in its words
+    (scripts filter them by message), as (message, category)."""
+    out: list[tuple[str, type]] = []
+    if pin_memory:
+        if pin_memory_device:
+            out.append(("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                        f"ignore pin_memory_device='{pin_memory_device}'.", UserWarning))
+        if pin_note == pinning.NO_ACCELERATOR:
+            out.append((pin_note, UserWarning))  # torch's
+        elif pin_note:
+            out.append((pin_note, ShmloadWarning))
+    return out

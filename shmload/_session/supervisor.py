@@ -1,0 +1,411 @@
+"""Supervisor: start the worker processes, talk to them, notice when they die, stop them.
+
+Knows nothing about batches. Messages go through each worker's queues in the control
+segment (``control.py``; records encoded by ``wire.py``), file descriptors and the rare
+oversized message through its socket (``channel.py``).
+
+Waiting. The main process sleeps on the control segment's bell (rung by any worker's
+completion) for at most :data:`DEATH_CHECK` seconds at a time; before each sleep, and
+after one that brought nothing, it asks the kernel without waiting whether a worker died
+(its pidfd) or a socket needs attention. While a socket has work (an outbox to flush, a
+large message announced), it waits on the sockets instead, :data:`SOCKET_SLICE` at a time.
+
+Shutdown escalates in a fixed order: ask (a Shutdown message, then closing our end of
+the socket, which a worker sees as end-of-file), wait
+``JOIN_TIMEOUT`` seconds, SIGTERM, wait, SIGKILL. A worker stuck in a slow
+``__getitem__`` is therefore stopped within about two seconds, never waited on forever.
+"""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import selectors
+import signal
+import socket
+import time
+from collections import deque
+from multiprocessing import connection
+from typing import Any
+
+from .._core import _platform
+from .._loading.worker import UserCode, WorkerArgs, worker_main
+from .._ordering.shuffle import StreamShuffle
+from .._transport import wire
+from .._transport.channel import Channel
+from .._transport.control import ControlBlock
+from .._transport.messages import AttachControl, Shutdown
+from .._transport.shm import Segment
+from ..errors import ShmloadError
+from .shipping import PerWorker
+
+JOIN_TIMEOUT = 1.0
+TERM_TIMEOUT = 1.0
+DEATH_CHECK = 0.05  # longest sleep on the bell between two looks for dead workers
+SOCKET_SLICE = 0.002  # longest wait on the sockets while one has work, between looks at the queues
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+class WorkerHandle:
+    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events", "reaped", "death_fd")
+
+    def __init__(self, wid: int, process: Any, channel: Channel):
+        self.id = wid
+        self.process = process
+        self.channel = channel
+        self.pid = process.pid
+        self.ready = False
+        self.exited = False
+        self.exitcode: int | None = None
+        self.events = 0  # what the selector waits for on the channel (0: not registered)
+        self.reaped = False  # joined and its Process closed, by shutdown()
+        self.death_fd = -1  # readable once the process has exited (_platform.death_watch)
+
+    def forget_death_fd(self) -> None:
+        if self.death_fd >= 0 and self.death_fd != self.process.sentinel:
+            os.close(self.death_fd)  # a pidfd of our own (the sentinel is multiprocessing's)
+        self.death_fd = -1
+
+    def exit_description(self) -> str:
+        code = self.exitcode if self.exitcode is not None else self.process.exitcode
+        if code is None:
+            return "is still running"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by {name}"
+        return f"exited with exit code {code}"
+
+
+class Supervisor:
+    def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode,
+                 stream_shuffle: StreamShuffle | None = None, shm_backend: str = "memfd"):
+        _platform.check_supported(num_workers)
+        if multiprocessing.current_process().daemon:
+            raise ShmloadError(
+                "this loader cannot start worker processes: it runs inside a daemonic process (for example "
+                "a worker of another loader), which may not have children. Use num_workers=0 for a loader "
+                "created inside a dataset.")
+        self.ctx = ctx
+        self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
+        self._control_segment: Segment | None = None
+        self.control: ControlBlock | None = None
+        # per worker: messages deferred to the next flush(), then records its task queue had
+        # no room for yet (each a list of parts), oldest first
+        self._outgoing: list[list] = [[] for _ in range(num_workers)]
+        self._overflow: list[deque] = [deque() for _ in range(num_workers)]
+        # per worker: frames read from its socket and not yet put in their announcement's
+        # place, and whether a taken announcement (wire.NOTICE) still waits for its frame
+        self._frames: list[deque] = [deque() for _ in range(num_workers)]
+        self._awaiting = [False] * num_workers
+        method = ctx.get_start_method()
+        payload = user if method == "fork" else PerWorker(user, method)
+        self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None, stream_shuffle)
+        self.workers: list[WorkerHandle] = []
+        if method == "forkserver":
+            # started outside start_window(), or the server (shared with the user's own
+            # processes) would inherit SIGINT ignored and hand that to all its children
+            multiprocessing.forkserver.ensure_running()
+        try:
+            self._control_segment = Segment(-1, ControlBlock.size(num_workers), backend=shm_backend)
+            self.control = ControlBlock(self._control_segment.mmap, num_workers)
+            for wid in range(num_workers):
+                # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
+                with _platform.start_window():
+                    self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, wid: int, args: WorkerArgs) -> WorkerHandle:
+        try:
+            return self._start_process(wid, args)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise _platform.too_many_files(exc) from None
+            raise
+
+    def _start_process(self, wid: int, args: WorkerArgs) -> WorkerHandle:
+        ours, theirs = socket.socketpair()
+        theirs_conn = connection.Connection(theirs.detach())
+        _platform.register_parent_only(ours.fileno())
+        process = self.ctx.Process(target=worker_main, args=(args._replace(conn=theirs_conn),),
+                                   name=f"shmload-worker-{wid}", daemon=True)
+        try:
+            process.start()
+        except BaseException:
+            _platform.unregister_parent_only(ours.fileno())
+            ours.close()
+            raise
+        finally:
+            theirs_conn.close()  # only the worker may hold its end, or EOF would never come
+        _platform.register_parent_only_process(process)
+        handle = WorkerHandle(wid, process, Channel(ours))
+        handle.death_fd = _platform.death_watch(process)
+        self._selector.register(handle.death_fd, selectors.EVENT_READ, handle)
+        seg = self._control_segment
+        handle.channel.send(AttachControl(seg.size, self.control.areas[wid]), fd=seg.fd)
+        self._watch(handle)
+        return handle
+
+    def _watch(self, h: WorkerHandle, events: int | None = None) -> None:
+        """Wait on ``h``'s socket for ``events`` (by default: writable while its outbox
+        holds data, readable while it owes an announced frame; 0: not at all)."""
+        if events is None:
+            events = ((_WRITE if h.channel.backlogged else 0) | (_READ if self._awaiting[h.id] else 0)
+                      if h.channel is not None and not h.channel.eof else 0)
+        if events == h.events:
+            return
+        fd = h.channel.fileno()
+        if not events:
+            self._selector.unregister(fd)
+        elif not h.events:
+            self._selector.register(fd, events, h)
+        else:
+            self._selector.modify(fd, events, h)
+        h.events = events
+
+    # ------------------------------------------------------------ talking
+    def send(self, wid: int, msg: Any, fd: int | None = None, defer: bool = False) -> None:
+        """Queue ``msg`` (after ``fd``, which goes by the socket) for worker ``wid``; never
+        blocks. A deferred message leaves at the next :meth:`flush` (or :meth:`poll`), with
+        the others deferred for the same worker in one record: one wake-up of a sleeping
+        worker for several tasks, instead of one each."""
+        h = self.workers[wid]
+        if h.exited or h.channel is None or h.channel.eof:
+            return  # poll() reports the death, with what the worker held
+        if fd is not None:
+            h.channel.send_fd(fd)
+        head, body = wire.encode_to_worker(msg)
+        if len(head) + len(body) > self.control.tasks[wid].max_record:
+            h.channel.send(msg)  # by the socket, announced in the queue
+            head, body = wire.NOTICE, b""
+        self._outgoing[wid].append((head, body))
+        if not defer:
+            self._push(h)
+        if fd is not None or h.channel.backlogged:
+            self._watch(h)
+
+    def _push(self, h: WorkerHandle) -> None:
+        """Put worker ``h``'s deferred messages and overflow into its task queue, as far as
+        it has room; what does not fit waits in the overflow, in order."""
+        wid = h.id
+        outgoing, overflow, tasks = self._outgoing[wid], self._overflow[wid], self.control.tasks[wid]
+        while overflow and tasks.put(*overflow[0]):
+            overflow.popleft()
+        if outgoing:
+            for parts in wire.bundles(outgoing, tasks.max_record):
+                if overflow or not tasks.put(*parts):
+                    overflow.append([bytes(p) for p in parts])  # (a body may be a view of the sampler's array)
+            outgoing.clear()
+
+    def flush(self) -> None:
+        """Send the deferred messages, and write what the sockets take."""
+        for h in self.workers:
+            if h.exited or h.channel is None:
+                self._outgoing[h.id].clear()
+                self._overflow[h.id].clear()
+                continue
+            if self._outgoing[h.id] or self._overflow[h.id]:
+                self._push(h)
+            if h.channel.backlogged:
+                h.channel.flush()
+                self._watch(h)
+
+    def restart(self, wid: int) -> WorkerHandle:
+        """Start a replacement for worker ``wid``, which has died: same id, new process and
+        socket, fresh queues (NOTE [ Deaths and the queues ], control.py). The caller
+        re-sends what the dead one held."""
+        old = self.workers[wid]
+        if not old.exited:
+            self._retire(old)
+        self._close_channel(old)
+        old.process.join(JOIN_TIMEOUT)  # it has exited (death_fd): this only reaps it, so no zombie stays
+        old.exitcode = old.process.exitcode
+        old.forget_death_fd()
+        old.process.close()
+        self.control.reset(wid)
+        self._outgoing[wid].clear()
+        self._overflow[wid].clear()
+        self._frames[wid].clear()
+        self._awaiting[wid] = False
+        with _platform.start_window():  # NOTE [ Interrupts wait for a window ] (_platform.py)
+            self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
+        return self.workers[wid]
+
+    def _close_channel(self, h: WorkerHandle) -> None:
+        if h.channel is not None:
+            _platform.unregister_parent_only(h.channel.fileno())
+            h.channel.close()  # end-of-file for a worker still waiting for messages
+            h.channel = None
+
+    def live(self) -> list[WorkerHandle]:
+        return [h for h in self.workers if not h.exited]
+
+    def poll(self, timeout: float) -> tuple[list[tuple[int, bytes]], list[WorkerHandle]]:
+        """Records (``wire.py``) that arrived within ``timeout`` seconds, each with its
+        worker's id, and workers that have died. Returns as soon as there is either.
+
+        A dead worker's last records are taken before its death is reported."""
+        self.flush()
+        got = self._take_all()
+        if not got:
+            self.control.drain_bell()  # NOTE [ A doorbell rung only for a sleeper ] (control.py)
+            got = self._take_all()
+        if got:
+            return got, []
+        dead = self._events(0, got)
+        if got or dead:
+            return got, dead
+        if any(h.events for h in self.workers):  # a socket has work: wait on the sockets
+            with _platform.interruptible():
+                ready = self._selector.select(min(timeout, SOCKET_SLICE))
+            dead = self._handle_events(ready, got)
+            got.extend(self._take_all())
+            return got, dead
+        with _platform.interruptible():  # the one wait of next(): nothing is half done here
+            self.control.sleep(min(timeout, DEATH_CHECK))
+        got = self._take_all()
+        if not got:
+            dead = self._events(0, got)
+        return got, dead
+
+    def _take_all(self) -> list[tuple[int, bytes]]:
+        got: list[tuple[int, bytes]] = []
+        for h in self.workers:
+            if not h.exited and h.channel is not None:
+                self._take(h, got)
+        return got
+
+    def _take(self, h: WorkerHandle, got: list) -> None:
+        """Take worker ``h``'s records in order. A :data:`wire.NOTICE` is replaced by the
+        next frame from the socket (frames come in the order they were announced); while
+        that frame has not arrived, the records after it wait in the queue."""
+        wid, take, frames = h.id, self.control.take, self._frames[h.id]
+        if self._awaiting[wid]:
+            if not frames:
+                return
+            got.append((wid, wire.frame_record(frames.popleft())))
+            self._awaiting[wid] = False
+        while (record := take(wid)) is not None:
+            if record[0] != wire.NOTICE_KIND:
+                got.append((wid, record))
+                continue
+            if not frames:
+                frames.extend(h.channel.receive())
+            if not frames:
+                self._awaiting[wid] = True
+                self._watch(h)
+                return
+            got.append((wid, wire.frame_record(frames.popleft())))
+
+    def _events(self, timeout: float, got: list) -> list[WorkerHandle]:
+        """Deaths and socket events within ``timeout`` (0: those already there)."""
+        return self._handle_events(self._selector.select(timeout), got)
+
+    def _handle_events(self, ready: list, got: list) -> list[WorkerHandle]:
+        dead = []
+        for key, mask in ready:
+            h = key.data
+            if h.exited:
+                continue
+            if key.fd == h.death_fd:
+                self._take_last(h, got)
+                self._retire(h)
+                dead.append(h)
+                continue
+            if mask & _WRITE:
+                h.channel.flush()
+            if mask & _READ:
+                self._frames[h.id].extend(h.channel.receive())
+                self._take(h, got)
+            self._watch(h, 0 if h.channel.eof else None)  # closed: wait for the death, which follows at once
+        return dead
+
+    def _take_last(self, h: WorkerHandle, got: list) -> None:
+        """A dead worker's records, in order, each announced frame in its place (all of
+        them have arrived: nothing more can come), then any frame it sent unannounced
+        (before it had mapped its queues)."""
+        wid, frames = h.id, self._frames[h.id]
+        frames.extend(h.channel.receive())
+        self._take(h, got)
+        while self._awaiting[wid]:  # announced, but the frame never came: nothing more can
+            self._awaiting[wid] = False
+            self._take(h, got)
+        got.extend((wid, wire.frame_record(frame)) for frame in frames)
+        frames.clear()
+
+    def _retire(self, h: WorkerHandle) -> None:
+        """Stop watching a worker that exited."""
+        h.exited = True
+        self._watch(h, 0)
+        try:
+            self._selector.unregister(h.death_fd)
+        except (KeyError, ValueError):
+            pass
+
+    # ------------------------------------------------------------ stopping
+    def shutdown(self) -> None:
+        """Stop every worker. Idempotent, so that a shutdown interrupted in its waits is
+        finished by the next call (session.py, NOTE [ A close() that did not finish ])."""
+        for h in self.workers:
+            if h.channel is None:
+                continue
+            try:
+                if not h.exited and self.control is not None:
+                    self.control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: the escalation below)
+            finally:
+                if not h.exited:
+                    self._retire(h)
+                self._close_channel(h)
+        self._reap(JOIN_TIMEOUT)
+        for escalate in ("terminate", "kill"):
+            stuck = [h for h in self.workers if not h.reaped]
+            if not stuck:
+                break
+            for h in stuck:
+                getattr(h.process, escalate)()
+            self._reap(TERM_TIMEOUT)
+        self._selector.close()
+        if self.control is not None:
+            self.control.close()
+        if self._control_segment is not None:
+            self._control_segment.close()
+
+    def _reap(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.
+        The wait is open to an interrupt; reaping is not: a KeyboardInterrupt between
+        waitpid() and multiprocessing's note of it would leave a process that
+        multiprocessing believes alive for ever (NOTE [ Interrupts wait for a window ],
+        _platform.py)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [h for h in self.workers if not h.reaped]
+            for h in running:
+                with _platform.signals_deferred():
+                    code = h.process.exitcode  # waitpid(WNOHANG)
+                    if code is not None:
+                        if h.exitcode is None:
+                            h.exitcode = code
+                        h.reaped = True
+                        h.forget_death_fd()
+                        h.process.close()
+            running = [h for h in running if not h.reaped]
+            left = deadline - time.monotonic()
+            if not running or left <= 0:
+                return
+            with _platform.interruptible():  # the one wait of close(): nothing is half done here
+                connection.wait([h.death_fd for h in running], left)
+
+    @property
+    def pids(self) -> list[int]:
+        return [h.pid for h in self.workers]
+
+
+def owned_here(pid: int) -> bool:
+    """False in a forked child that inherited a copy of the main process's objects."""
+    return os.getpid() == pid

@@ -1,0 +1,3 @@
+"""Shared memory and messages: segments (memfd or POSIX), the ring of slots and its bound,
+the control block, sockets and their wire format, page-locking.
+"""
