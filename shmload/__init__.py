@@ -2,6 +2,16 @@
 
 Workers load and collate batches straight into preallocated shared-memory slots; the
 main process yields numpy views into them, with no pickling of array data.
+
+This module re-exports the public names. The code sits in private packages by layer,
+each importing only those below it (docs/architecture.md, "The layers";
+tests/test_layers.py): ``_core`` (checks, the platform and its interrupt window, sizes),
+then the profiler's counters, ``_batching`` (a batch's layout and its writes into a
+slot), ``_transport`` (segments, the ring, the control block, sockets), ``_ordering``
+(samplers, seeds, shuffles, streams), ``_loading`` (what a worker runs), ``_session``
+(workers, slots and tasks of one session) and ``_loader`` (``DataLoader`` and its
+epochs). The public subpackages, ``datasets``, ``transforms``, ``records``,
+``integrations`` and ``tools``, sit on top.
 """
 
 from ._batching.collate import default_collate
