@@ -20,14 +20,13 @@ import shmload
 from shmload._core._units import decimal_rate, decimal_size
 from shmload.errors import OptionalDependencyError
 from shmload.profiler import counters
+from shmload.profiler.dataset import DatasetInfo, describe_dataset
 from shmload.profiler.diagnosis import diagnose
 from shmload.profiler.profile import CALLS, ConsumerClock, machine_cpu_seconds, usable_cpus
 from shmload.profiler.stats import (
-    DatasetInfo,
     LoaderStats,
     MainStats,
     WorkerStats,
-    describe_dataset,
 )
 
 from .helpers import SleepyCollate, SleepyDataset

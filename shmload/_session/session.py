@@ -32,6 +32,7 @@ from .._core import _platform
 from .._core._units import binary_size
 from .._loading.worker import UserCode
 from .._transport import wire
+from .._transport.limits import default_bound
 from .._transport.messages import (
     Attach,
     AttachBoard,
@@ -48,7 +49,7 @@ from .._transport.messages import (
     Task,
 )
 from .._transport.ring import Ring, Slot, SlotState
-from .._transport.shm import Segment, default_max_shm_bytes
+from .._transport.shm import Segment
 from ..errors import (
     ShmloadError,
     ShmloadWarning,
@@ -137,7 +138,7 @@ class Session:
                 # segment (about 1 MiB with 4 workers) took their share. Read before, it
                 # counted them as room for the ring, which then grew to a size it could not
                 # reserve (a SharedMemoryError on a 37 MiB /dev/shm, where 24 MiB loaded fine).
-                self.ring.bound = default_max_shm_bytes(cfg.shm_backend)
+                self.ring.bound = default_bound(cfg.shm_backend)
             if profile is not None:
                 profile.attach(self)
             if cfg.slot_bytes:

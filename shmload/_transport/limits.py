@@ -42,6 +42,7 @@ MEMORY_SHARE = 2  # the ring may take 1/MEMORY_SHARE of the memory left (NOTE ab
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
 CONTAINER_REMEDY = ("give the container more memory (docker run --memory=..., the pod's "
                     "resources.limits.memory)")
+MACHINE_REMEDY = "free memory on this machine (other programs use it)"
 
 
 class Bound(NamedTuple):
@@ -74,12 +75,14 @@ def _number(path: str) -> int | None:
         return None  # "max" (cgroup v2's no limit), or something unreadable
 
 
-def _stat(path: str, key: str) -> int:
+def _stat_sum(path: str, keys: tuple[str, ...]) -> int:
+    """The sum of ``keys``' values in a memory.stat file (0 for those absent)."""
+    total = 0
     for line in (_read(path) or "").splitlines():
         name, _, value = line.partition(" ")
-        if name == key and value.strip().isdigit():
-            return int(value)
-    return 0
+        if name in keys and value.strip().isdigit():
+            total += int(value)
+    return total
 
 
 # cgroup v2 and v1 name the same facts differently: (limit, use, stat keys of the file cache)
@@ -155,8 +158,7 @@ def _tightest(version: int, mount: str, here: str) -> Limit | None:
         limit = _number(os.path.join(here, limit_file))
         use = _number(os.path.join(here, use_file))
         if limit is not None and limit < UNLIMITED and use is not None:
-            stat = os.path.join(here, "memory.stat")
-            used = max(0, use - sum(_stat(stat, key) for key in cache_keys))
+            used = max(0, use - _stat_sum(os.path.join(here, "memory.stat"), cache_keys))
             left = max(0, limit - used)
             if best is None or left < best.left:
                 best = Limit(left, f"cgroup v{version} {limit_file} {binary_size(limit)}, "
@@ -204,7 +206,7 @@ def shortage(size: int, proc_self: str | None = None, meminfo: str | None = None
     available = mem_available(meminfo)
     if available is not None and size > available:
         return Bound(available, f"this machine's available memory (MemAvailable {binary_size(available)})",
-                     "free memory on this machine (other programs use it)",
+                     MACHINE_REMEDY,
                      "push the machine into swap, or have its OOM killer end a process")
     return None
 
@@ -216,19 +218,19 @@ def physical_memory() -> int:
 def default_bound(backend: str, proc_self: str | None = None, meminfo: str | None = None,
                   shm_dir: str | None = None) -> Bound:
     """The ring's default bound for segments of ``backend`` ("memfd" or "posix")."""
-    memory = [Bound(lim.left // MEMORY_SHARE, f"half the memory left under the container's limit when the "
-                                              f"workers started: {lim.text}", CONTAINER_REMEDY)
-              for lim in [cgroup_limit(proc_self)] if lim is not None]
+    candidates = []
+    lim = cgroup_limit(proc_self)
+    if lim is not None:
+        candidates.append(Bound(lim.left // MEMORY_SHARE, "half the memory left under the container's limit when "
+                                f"the workers started: {lim.text}", CONTAINER_REMEDY))
     available = mem_available(meminfo)
     if available is None:
         total = physical_memory()
-        memory.append(Bound(total // MEMORY_SHARE, f"half of this machine's memory ({binary_size(total)})",
-                            "use a machine with more memory"))
+        candidates.append(Bound(total // MEMORY_SHARE, f"half of this machine's memory ({binary_size(total)})",
+                                "use a machine with more memory"))
     else:
-        memory.append(Bound(available // MEMORY_SHARE, "half of this machine's available memory when the workers "
-                                                       f"started (MemAvailable {binary_size(available)})",
-                            "free memory on this machine (other programs use it)"))
-    candidates = memory
+        candidates.append(Bound(available // MEMORY_SHARE, "half of this machine's available memory when the "
+                                f"workers started (MemAvailable {binary_size(available)})", MACHINE_REMEDY))
     if backend == "posix":
         free = shm_free(shm_dir)
         if free is not None:

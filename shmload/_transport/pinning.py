@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._core._torch import loaded_torch
-from ..errors import PinningError, ShmloadError  # noqa: F401
+from ..errors import PinningError
 
 # torch's own words, which scripts filter warnings by
 NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "

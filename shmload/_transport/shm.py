@@ -98,11 +98,6 @@ def resolve_backend(requested: str | None) -> str:
     return requested
 
 
-def default_max_shm_bytes(backend: str) -> limits.Bound:
-    """The ring's default bound for ``backend`` (limits.py)."""
-    return limits.default_bound(backend)
-
-
 def _shortage(size: int, cause: OSError, backend: str) -> SharedMemoryError:
     if backend == "posix":
         free = limits.shm_free(SHM_DIR)

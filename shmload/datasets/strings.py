@@ -145,9 +145,9 @@ class StringArray(Sequence):
     def _slice(self, start: int, stop: int, step: int) -> "StringArray":
         if step != 1:
             return self._take(np.arange(start, stop, step, dtype=np.int64))
-        stop = max(start, stop)  # one run of items: one copy
+        stop = max(start, stop)  # one run of items: copied once, by _set
         o = self._offsets
-        return StringArray._from_arrays(self._data[o[start]:o[stop]].copy(), o[start:stop + 1] - o[start], self._kind)
+        return StringArray._from_arrays(self._data[o[start]:o[stop]], o[start:stop + 1] - o[start], self._kind)
 
     def _take(self, idx: np.ndarray) -> "StringArray":
         """The items at ``idx`` (valid, non-negative indices) as a new StringArray."""

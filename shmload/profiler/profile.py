@@ -34,8 +34,9 @@ import psutil
 
 from .._core._platform import usable_cpus
 from . import counters
+from .dataset import describe_dataset
 from .memory import MEMORY_INTERVAL, MemoryHistory, memory_trend
-from .stats import LoaderStats, MainStats, RingStats, WorkerStats, describe_dataset
+from .stats import LoaderStats, MainStats, RingStats, WorkerStats
 
 CALLS = 16384  # next() calls of history kept for the trace
 OCCUPANCY = 8192  # ring occupancy samples kept

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._core._units import decimal_rate, decimal_size
-from .dataset import DatasetInfo, describe_dataset  # noqa: F401  (re-exported: what the snapshot is told)
+from .dataset import DatasetInfo
 from .memory import MemoryTrend
 
 DATA_BOUND_STALL = 0.10  # the consumer waits for data this share of its time or more

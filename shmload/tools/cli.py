@@ -30,11 +30,10 @@ import traceback
 from ..errors import CommandError, ShmloadError
 
 # contention_warning and describe_exception are the profile command's; importable from here too
-from .args import counted  # noqa: F401  (the subcommands' argument types: args.py)
 from .profile_cmd import add_parser as add_profile_parser
 from .profile_cmd import contention_warning, describe_exception
 
-__all__ = ["Parser", "build_parser", "contention_warning", "counted", "describe_exception", "main"]
+__all__ = ["Parser", "build_parser", "contention_warning", "describe_exception", "main"]
 
 DEBUG_HELP = ("On an error the command prints one line saying what failed and what to do, and exits with status 2 "
               "(your command or your code) or 1 (the machine, e.g. /dev/shm too small). For the full Python "

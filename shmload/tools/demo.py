@@ -17,6 +17,7 @@ from ..datasets import ImageFolder
 from ..errors import CommandError
 from ..transforms import train_pipeline
 from . import synthetic
+from .args import counted
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -69,8 +70,6 @@ time per stage and a diagnosis.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from .args import counted
-
     cores = len(os.sched_getaffinity(0))
     p = sub.add_parser("demo", help="load a built-in synthetic image folder and show where the time goes",
                        description=DESCRIPTION)

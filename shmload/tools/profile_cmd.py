@@ -23,6 +23,7 @@ from .._core._units import decimal_size
 from .._loader.loader import DataLoader
 from ..errors import CommandError, SharedMemoryError
 from ..profiler.stats import LoaderStats
+from .args import counted
 
 NEAR_BEST = 0.95  # a worker count within this share of the best throughput is good enough
 
@@ -77,8 +78,6 @@ examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from .args import counted
-
     p = sub.add_parser("profile", help="find out whether loading keeps up, and how many workers to use",
                        description=DESCRIPTION)
     p.add_argument("factory", metavar="MODULE:FACTORY", type=_factory_spec,
