@@ -19,9 +19,10 @@ from ._batching.deferred import Batched, DeferredArray
 from ._loader.loader import DataLoader
 from ._loading.worker import WorkerInfo, get_worker_info
 from ._ordering.distributed import DistributedSampler
-from ._ordering.iterable import GeneratorSource, stream_parts
 from ._ordering.sampler import BatchSampler, RandomSampler, SequentialSampler
 from ._ordering.sharding import DistributedWarning
+from ._ordering.sources import GeneratorSource
+from ._ordering.stream import stream_parts
 from ._version import __version__ as __version__
 from .errors import (
                      CollateError,

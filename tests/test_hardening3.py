@@ -315,9 +315,9 @@ def test_a_held_draw_is_taken_out_of_the_saved_streams():
     assert (p.draws, p.states) == ([2, 1], ["a2", "b1"])  # the record itself is untouched
 
 
-# ---------------------------------------------------------------- the gate (_platform.py)
+# ---------------------------------------------------------------- the gate (_signals.py)
 def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
-    from shmload._core import _platform
+    from shmload._core import _signals
     order = []
 
     def usr1(signum, frame):
@@ -327,36 +327,36 @@ def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
     with _PreemptionHandler():
         signal.signal(signal.SIGUSR1, usr1)
         try:
-            _platform.SCAN_INTERVAL, interval = 0.0, _platform.SCAN_INTERVAL  # (look at every signal now)
-            _platform._Gate.next_scan = 0.0
+            _signals.SCAN_INTERVAL, interval = 0.0, _signals.SCAN_INTERVAL  # (look at every signal now)
+            _signals._Gate.next_scan = 0.0
             try:
                 with pytest.raises(SystemExit) as raised:
-                    with _platform.signals_deferred():
+                    with _signals.signals_deferred():
                         os.kill(os.getpid(), signal.SIGUSR1)
                         os.kill(os.getpid(), signal.SIGTERM)
                         time.sleep(0.01)
                         order.append("window's end")
             finally:
-                _platform.SCAN_INTERVAL = interval
+                _signals.SCAN_INTERVAL = interval
         finally:
             signal.signal(signal.SIGUSR1, previous[signal.SIGUSR1])
     assert order == ["window's end", "usr1"]  # in the order they came, after the window
-    assert _platform.raised_by_signal(raised.value)
-    assert not _platform.raised_by_signal(SystemExit(0)) and _platform.raised_by_signal(KeyboardInterrupt())
+    assert _signals.raised_by_signal(raised.value)
+    assert not _signals.raised_by_signal(SystemExit(0)) and _signals.raised_by_signal(KeyboardInterrupt())
     assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
 
 
 def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
     """A gate wraps one handler: putting back a saved gate brings back its handler, not the
     one installed meanwhile (with one shared gate, a temporary handler stayed for ever)."""
-    from shmload._core import _platform
+    from shmload._core import _signals
     calls = []
     with _PreemptionHandler():
         signal.signal(signal.SIGTERM, lambda s, f: calls.append("first"))
-        with _platform.signals_deferred():
+        with _signals.signals_deferred():
             pass
         saved = signal.signal(signal.SIGTERM, lambda s, f: calls.append("second"))
-        with _platform.signals_deferred():
+        with _signals.signals_deferred():
             pass
         signal.signal(signal.SIGTERM, saved)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -444,13 +444,13 @@ def test_a_window_interrupted_as_its_wait_ends_restores_its_depth():
     """A handler can raise at the first bytecode of interruptible.__exit__, before it put
     the depth back; the window's close must still leave no window open (before: depth -1,
     and every later signal stayed pending for ever)."""
-    from shmload._core import _platform
-    before = _platform.defer_signals()
-    _platform.interruptible().__enter__()  # (its __exit__ never runs, as when a handler raised there)
-    _platform.resume_signals(before)
-    assert _platform._Gate.depth == 0
+    from shmload._core import _signals
+    before = _signals.defer_signals()
+    _signals.interruptible().__enter__()  # (its __exit__ never runs, as when a handler raised there)
+    _signals.resume_signals(before)
+    assert _signals._Gate.depth == 0
     with _PreemptionHandler():
-        with _platform.signals_deferred():
+        with _signals.signals_deferred():
             pass
         with pytest.raises(SystemExit):
             os.kill(os.getpid(), signal.SIGTERM)
@@ -569,7 +569,7 @@ def test_an_iterable_source_cut_by_an_interrupt_says_so_and_resumes():
 
 
 def test_a_handlers_exception_leaves_the_signals_after_it_pending_not_lost():
-    from shmload._core import _platform
+    from shmload._core import _signals
     calls = []
 
     def hup(signum, frame):
@@ -577,13 +577,13 @@ def test_a_handlers_exception_leaves_the_signals_after_it_pending_not_lost():
     previous = signal.signal(signal.SIGHUP, hup)
     try:
         with _PreemptionHandler():
-            _platform._Gate.next_scan = 0.0  # (look at every signal in the next window)
+            _signals._Gate.next_scan = 0.0  # (look at every signal in the next window)
             with pytest.raises(SystemExit):
-                with _platform.signals_deferred():
+                with _signals.signals_deferred():
                     os.kill(os.getpid(), signal.SIGTERM)
                     os.kill(os.getpid(), signal.SIGHUP)
                     time.sleep(0.01)
-            with _platform.signals_deferred():
+            with _signals.signals_deferred():
                 pass
     finally:
         signal.signal(signal.SIGHUP, previous)

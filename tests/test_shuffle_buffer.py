@@ -10,8 +10,8 @@ import pytest
 
 import shmload
 from shmload import DataLoader, GeneratorSource, ShmloadWarning
-from shmload._ordering.iterable import Stream, StreamPlace
 from shmload._ordering.shuffle import BLOCK, ShuffleBuffer, StreamShuffle, arrangement, parts_order, share_of_parts
+from shmload._ordering.stream import Stream, StreamPlace
 from shmload._transport.messages import Draw, StreamPoint
 from shmload.testing import assert_resumes_exactly, flatten, run
 

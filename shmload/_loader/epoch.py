@@ -23,12 +23,12 @@ from typing import Any, Callable
 
 from .._batching.collate import StackPlans, build_local
 from .._batching.parts import plan_spans, tail_wait
-from .._core import _platform
+from .._core import _signals
 from .._loading.fetch import check_indices
 from .._loading.loading import ENDED, BatchSource, BatchTimer, load_batch
 from .._ordering import seeding
-from .._ordering.iterable import Stream
 from .._ordering.schedule import Planned, Schedule
+from .._ordering.stream import Stream
 from .._session import lifetime
 from .._session.config import LoaderConfig
 from .._session.session import Ended, LoadFailed, Session
@@ -113,7 +113,7 @@ class _Epoch:
     # for another thread's next() of the same iterator or session), and an interrupt
     # (Ctrl-C, or a preemption handler's SystemExit) cutting the bookkeeping in two would
     # lose a batch or leave a slot, a task or a result half filed. So next() runs as one
-    # window (_platform.py, NOTE [ Interrupts wait for a window ]) in which only those
+    # window (_signals.py, NOTE [ Interrupts wait for a window ]) in which only those
     # waits are open to a signal's handler (nothing is half done there, and nothing was
     # taken: the same batch comes next). A signal that came during the bookkeeping is
     # handed on as next() ends, after the lock is given back, and the batch (or the
@@ -124,25 +124,25 @@ class _Epoch:
     # loop the batch is bound to the loop's variable before any handler can run.
     def __next__(self) -> Any:
         # One next() at a time: threads sharing an iterator get each batch exactly once.
-        entered = _platform.defer_signals()
+        entered = _signals.defer_signals()
         if entered < 0:  # another thread than the main one: Python runs handlers in the main one
             with self._lock:
                 outcome = self._outcome()
         else:
             try:
-                _platform.acquire(self._lock)
+                _signals.acquire(self._lock)
                 try:
                     outcome = self._outcome()
                 finally:
                     self._lock.release()
             except BaseException:  # an interrupt from a wait: nothing was taken
-                _platform.resume_signals(entered)
+                _signals.resume_signals(entered)
                 raise
             progress = self.progress if outcome.error is None else None
             self._replay = outcome  # kept if the close below hands on an interrupt that raises
             if progress is not None:
                 progress.held = True  # until handed over: a state saved by the interrupt's handler has it to come
-            _platform.resume_signals(entered)
+            _signals.resume_signals(entered)
             if progress is not None:
                 progress.held = False
             self._replay = None
@@ -166,7 +166,7 @@ class _Epoch:
         try:
             batch = self._next_timed()
         except BaseException as exc:
-            if _platform.raised_by_signal(exc):
+            if _signals.raised_by_signal(exc):
                 raise
             return _Outcome(None, exc)
         if self.reported_len is not None:
@@ -244,7 +244,7 @@ class SingleProcessEpoch(_Epoch):
             try:
                 batch = self._load(planned)  # (which takes the task as it records it: _consumed)
             except BaseException as exc:
-                self._cut_stream = draw and _platform.raised_by_signal(exc)
+                self._cut_stream = draw and _signals.raised_by_signal(exc)
                 raise
             if batch is not ENDED:
                 return batch
@@ -263,7 +263,7 @@ class SingleProcessEpoch(_Epoch):
         try:
             with seeding.preserved_globals():
                 try:
-                    with _platform.interruptible():  # the dataset's and collate_fn's code
+                    with _signals.interruptible():  # the dataset's and collate_fn's code
                         plan = load_batch(self._source, self.epoch, seq, load, self._key, timer,
                                           parts=self._cfg.parts_at(seq, self._length))
                     point = self._stream.point() if draw is not None and plan is not ENDED else None
@@ -282,7 +282,7 @@ class SingleProcessEpoch(_Epoch):
             self._consumed(seq, draw, point)
             return batch
         except Exception as exc:
-            if _platform.raised_by_signal(exc):  # an interrupt, not the batch's error
+            if _signals.raised_by_signal(exc):  # an interrupt, not the batch's error
                 raise
             # raised at its position: consumed all the same, the next next() goes on
             self._consumed(seq, draw, None)
@@ -316,7 +316,7 @@ class MultiprocessEpoch(_Epoch):
         self._cfg, self._session = cfg, session
         self._claim, self._length = claim, length
         self._lock = session.lock  # NOTE [ Threads sharing a session ] (session.py)
-        _platform.acquire(self._lock)  # (in open_epoch's window: waiting for another thread's next())
+        _signals.acquire(self._lock)  # (in open_epoch's window: waiting for another thread's next())
         try:
             self._iteration = session.begin_iteration()
         finally:

@@ -22,9 +22,9 @@ from .._core import _platform
 from .._core._checks import check_int
 from .._ordering import seeding, sharding
 from .._ordering.distributed import DistributedSampler, current_rank, world_or_alone
-from .._ordering.iterable import check_shuffle_buffer, check_stream_options, classify
 from .._ordering.sampler import BatchSampler, orders
 from .._ordering.shuffle import StreamShuffle
+from .._ordering.sources import check_shuffle_buffer, check_stream_options, classify
 from .._session.config import LoaderConfig, check_arguments, check_settings, iter_warnings, warn_too_many_workers
 from .._session.dispatch import DEFAULT_PREFETCH
 from .._transport import pinning

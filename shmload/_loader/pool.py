@@ -15,8 +15,8 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from .._core import _platform
-from .._ordering.iterable import Stream
+from .._core import _signals
+from .._ordering.stream import Stream
 from .._session.config import LoaderConfig
 from .._session.session import RestartBudget, Session
 from .._session.supervisor import owned_here
@@ -56,19 +56,19 @@ class SessionPool:
         ``iter()`` starts its workers) or none for ``num_workers=0``."""
         if self._opening_pid != os.getpid():
             self._opening, self._opening_pid = threading.Lock(), os.getpid()
-        # A window (_platform.py, NOTE [ Interrupts wait for a window ]): waiting for
+        # A window (_signals.py, NOTE [ Interrupts wait for a window ]): waiting for
         # another thread's iter() is open to an interrupt, and starting workers is not; an
         # interrupt is handed on once the session is whole and owned, by the loader
         # (persistent) or by the iterator, whose finalizer closes it.
-        entered = _platform.defer_signals()
+        entered = _signals.defer_signals()
         try:
-            _platform.acquire(self._opening)
+            _signals.acquire(self._opening)
             try:
                 return self._open_epoch(cfg, claim, length, loader)
             finally:
                 self._opening.release()
         finally:
-            _platform.resume_signals(entered)
+            _signals.resume_signals(entered)
 
     def _open_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                     loader: Any) -> SingleProcessEpoch | MultiprocessEpoch:

@@ -25,9 +25,9 @@ import copy
 import numbers
 from typing import Any, Callable, Iterable, NamedTuple
 
-from .._ordering.iterable import loaded_snapshot
 from .._ordering.schedule import RoundRobinSchedule, SamplerSchedule
 from .._ordering.shuffle import StreamShuffle
+from .._ordering.stream import loaded_snapshot
 from .._transport.messages import StreamPoint
 from .progress import BatchProgress, StreamProgress
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, NamedTuple
 from .._batching import parts as _parts
 from .._batching.collate import StackPlans, make_plan
 from .._ordering import seeding
-from .._ordering.iterable import Stream, StreamPlace
 from .._ordering.shuffle import StreamShuffle
+from .._ordering.stream import Stream, StreamPlace
 from .._transport.messages import Draw, Indices
 from .fetch import fetch
 

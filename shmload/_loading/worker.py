@@ -38,8 +38,9 @@ from .._batching.collate import StackPlans, write
 from .._batching.layout import SlotViews, span_destination, widened
 from .._core._torch import loaded_torch
 from .._ordering import seeding
-from .._ordering.iterable import Stream, is_iterable_source, share_worker_info_with_torch
 from .._ordering.shuffle import StreamShuffle
+from .._ordering.sources import is_iterable_source, share_worker_info_with_torch
+from .._ordering.stream import Stream
 from .._transport import wire
 from .._transport.messages import (
     Attach,
@@ -112,7 +113,7 @@ def worker_main(args: WorkerArgs) -> None:
     """Process entry point. Ctrl-C is the main process's to handle: workers ignore SIGINT,
     so an interrupted run prints one traceback, not one per worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # started with SIGINT blocked (NOTE [ Interrupts wait for a window ], _platform.py): a
+    # started with SIGINT blocked (NOTE [ Interrupts wait for a window ], _signals.py): a
     # Ctrl-C that came meanwhile is now ignored, not a traceback from this worker
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Thread(target=_exit_when_orphaned, args=(args.conn.fileno(),), name="shmload-orphan-watch",
@@ -162,7 +163,7 @@ class _WorkerLoop:
         self.recorder: counters.Recorder | None = None
         self.timer = BatchTimer()
         self.recording = False
-        self.stream: Stream | None = None  # an iterable source's (iterable.py)
+        self.stream: Stream | None = None  # an iterable source's (stream.py)
         self.source: BatchSource | None = None  # what batches are loaded from (loading.py), once started
         self.task: Task | None = None  # the task at hand, and the slot it is to be written into
         self.slot: SlotRef | None = None

@@ -1,6 +1,6 @@
 """Shuffling a stream: a seeded shuffle buffer per worker stream, and a shared shuffle of
 the parts (shards, part files) a stream is made of. Pure: no processes, no global state
-(the stream that drives a buffer is iterable.py's ``Stream``).
+(the stream that drives a buffer is stream.py's ``Stream``).
 
 NOTE [ A shuffle buffer that resumes exactly ]
 A buffer of N samples (tf.data's ``shuffle(N)``): the first N samples of the stream fill
@@ -23,7 +23,7 @@ N + t), or its first sample (position j) if no step picked it yet; found from th
 steps backwards, a block of picks at a time, until every slot was seen (about N·ln N
 steps back); the draining steps after the source ended (at most N) are replayed.
 
-To resume, the stream (iterable.py) keeps the source's ``state_dict()`` from draw
+To resume, the stream (stream.py) keeps the source's ``state_dict()`` from draw
 boundaries (one each N/16 samples read: ``Stream._SPACING_PARTS``), and saves the newest
 one from before the oldest sample still in the buffer:
 every sample in the buffer was read after it. A resumed stream loads that state, makes a

@@ -35,7 +35,7 @@ class LoaderConfig:
     shm_backend: str  # "memfd" | "posix", resolved (shm.resolve_backend)
     max_worker_restarts: int = 0
     rank: int = 0  # this process's rank in a distributed job, mixed into the batch seeds (seeding.py)
-    iterable: bool = False  # the dataset is read as a stream (iterable.py)
+    iterable: bool = False  # the dataset is read as a stream (sources.py, stream.py)
     batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
     drop_last: bool = False
     pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)

@@ -18,7 +18,7 @@ the deque's own ``append`` (C), not a Python function: Python runs a signal's ha
 at the first bytecode of a Python callback, and drops whatever it raises there
 ("Exception ignored in"), so a preemption handler's SystemExit landing as the `for`
 loop dropped the previous batch was lost (NOTE [ An interrupt during a finalizer ],
-_platform.py). With no bytecode in the callback, the handler runs in the user's code.
+_signals.py). With no bytecode in the callback, the handler runs in the user's code.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import warnings
 from typing import Any, NamedTuple
 
 from .._batching.layout import LayoutCache
-from .._core import _platform
+from .._core import _signals
 from .._core._units import binary_size
 from .._loading.worker import UserCode
 from .._transport import wire
@@ -495,7 +495,7 @@ class Session:
     # An interrupt (Ctrl-C, a preemption handler's SystemExit) can come at any moment of
     # close(), and the user, the iterator's or the loader's finalizer, or interpreter exit
     # calls close() again. So close() runs as one window (NOTE [ Interrupts wait for a
-    # window ], _platform.py): a descriptor is never closed but still listed, nor a worker
+    # window ], _signals.py): a descriptor is never closed but still listed, nor a worker
     # reaped but still believed alive. Only the waits for workers to exit are open to an
     # interrupt (supervisor._reap), with nothing half done. close() marks the session
     # closed at once (no more batches from it) but counts it released only at its very
@@ -506,10 +506,10 @@ class Session:
         if self._released or not owned_here(self.owner_pid):
             return
         self.closed = True  # first: a next() of another thread's sees it and lets the lock go
-        with _platform.finalizer_window() if finalizing else _platform.signals_deferred():
+        with _signals.finalizer_window() if finalizing else _signals.signals_deferred():
             # another thread's next() in progress must not be cut off its mappings
             # (NOTE [ Threads sharing a session ]); one stuck in a dataset's code holds no lock
-            locked = _platform.acquire(self.lock, CLOSE_WAIT)
+            locked = _signals.acquire(self.lock, CLOSE_WAIT)
             try:
                 self._release()
             finally:

@@ -30,7 +30,7 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any
 
-from .._core import _platform
+from .._core import _platform, _signals
 from .._loading.worker import UserCode, WorkerArgs, worker_main
 from .._ordering.shuffle import StreamShuffle
 from .._transport import wire
@@ -115,7 +115,7 @@ class Supervisor:
             self.control = ControlBlock(self._control_segment.mmap, num_workers)
             for wid in range(num_workers):
                 # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
-                with _platform.start_window():
+                with _signals.start_window():
                     self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
         except BaseException:
             self.shutdown()
@@ -233,7 +233,7 @@ class Supervisor:
         self._overflow[wid].clear()
         self._frames[wid].clear()
         self._awaiting[wid] = False
-        with _platform.start_window():  # NOTE [ Interrupts wait for a window ] (_platform.py)
+        with _signals.start_window():  # NOTE [ Interrupts wait for a window ] (_signals.py)
             self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
 
@@ -262,12 +262,12 @@ class Supervisor:
         if got or dead:
             return got, dead
         if any(h.events for h in self.workers):  # a socket has work: wait on the sockets
-            with _platform.interruptible():
+            with _signals.interruptible():
                 ready = self._selector.select(min(timeout, SOCKET_SLICE))
             dead = self._handle_events(ready, got)
             got.extend(self._take_all())
             return got, dead
-        with _platform.interruptible():  # the one wait of next(): nothing is half done here
+        with _signals.interruptible():  # the one wait of next(): nothing is half done here
             self.control.sleep(min(timeout, DEATH_CHECK))
         got = self._take_all()
         if not got:
@@ -381,12 +381,12 @@ class Supervisor:
         The wait is open to an interrupt; reaping is not: a KeyboardInterrupt between
         waitpid() and multiprocessing's note of it would leave a process that
         multiprocessing believes alive for ever (NOTE [ Interrupts wait for a window ],
-        _platform.py)."""
+        _signals.py)."""
         deadline = time.monotonic() + timeout
         while True:
             running = [h for h in self.workers if not h.reaped]
             for h in running:
-                with _platform.signals_deferred():
+                with _signals.signals_deferred():
                     code = h.process.exitcode  # waitpid(WNOHANG)
                     if code is not None:
                         if h.exitcode is None:
@@ -398,7 +398,7 @@ class Supervisor:
             left = deadline - time.monotonic()
             if not running or left <= 0:
                 return
-            with _platform.interruptible():  # the one wait of close(): nothing is half done here
+            with _signals.interruptible():  # the one wait of close(): nothing is half done here
                 connection.wait([h.death_fd for h in running], left)
 
     @property

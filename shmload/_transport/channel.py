@@ -25,7 +25,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from .._core import _platform
+from .._core import _platform, _signals
 
 _HEADER = struct.Struct("!i")
 _HUGE = struct.Struct("!Q")
@@ -140,7 +140,7 @@ class Channel:
         return frames
 
     def close(self) -> None:
-        with _platform.signals_deferred():  # the outbox's descriptors all closed, or none
+        with _signals.signals_deferred():  # the outbox's descriptors all closed, or none
             self._drop_outbox()
             self.sock.close()
 

@@ -17,7 +17,7 @@ Worker -> main: :class:`Ready`, :class:`StartupFailed`, :class:`Done`,
 :class:`NeedSpace`, :class:`Failed`, :class:`Exhausted`.
 
 A task loads either a batch of dataset indices (map-style) or a :class:`Draw`: the next
-batch of the worker's own stream (an iterable source, see ``iterable.py``).
+batch of the worker's own stream (an iterable source, see ``stream.py``).
 
 ``iteration`` numbers each ``iter()`` of a session, so results of an abandoned epoch
 (``break`` with persistent workers) are recognised and dropped.

@@ -43,7 +43,8 @@ import weakref
 
 import numpy as np
 
-from .._core._platform import MAP_FLAGS, limit_text, signals_blocked, signals_deferred, too_many_files
+from .._core._platform import MAP_FLAGS, limit_text, too_many_files
+from .._core._signals import signals_blocked, signals_deferred
 from .._core._units import binary_size
 from ..errors import SharedMemoryError
 from . import limits
@@ -140,7 +141,7 @@ def _open_memfd() -> int:
 def _open_posix() -> int:
     """A descriptor of a new POSIX segment whose name is already gone. The name lives from
     shm_open to shm_unlink: no signal acts there, not even one whose default action ends
-    the process (NOTE [ Interrupts wait for a window ], _platform.py)."""
+    the process (NOTE [ Interrupts wait for a window ], _signals.py)."""
     import posix_ipc
 
     for _ in range(8):
