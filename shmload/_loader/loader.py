@@ -19,31 +19,32 @@ from typing import Any
 from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS
 from .._core import _platform
-from .._core._checks import check_int
 from .._ordering import seeding, sharding
 from .._ordering.distributed import DistributedSampler, current_rank, world_or_alone
 from .._ordering.sampler import BatchSampler, orders
 from .._ordering.shuffle import StreamShuffle
 from .._ordering.sources import check_shuffle_buffer, check_stream_options, classify
-from .._session.config import LoaderConfig, check_arguments, check_settings, iter_warnings, warn_too_many_workers
+from .._session.config import (
+    SETTINGS,
+    LoaderConfig,
+    check_arguments,
+    check_settings,
+    iter_warnings,
+    read_settings,
+    warn_too_many_workers,
+)
 from .._session.dispatch import DEFAULT_PREFETCH
-from .._transport import pinning
-from .._transport.shm import resolve_backend
-from ..errors import ShmloadWarning
 from ..profiler.stats import LoaderStats
 from . import resume as _resume
 from .epoch import MultiprocessEpoch, SingleProcessEpoch
 from .pool import SessionPool
+from .stateful import Stateful
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers",
                       "shuffle_buffer")
-# Read again at the next iter(), as torch does: setting them takes effect then.
-_SETTINGS = ("num_workers", "collate_fn", "prefetch_factor", "timeout", "worker_init_fn", "multiprocessing_context",
-             "in_order", "seed", "output", "slot_bytes", "max_shm_bytes", "shm_backend", "max_worker_restarts",
-             "pin_memory", "split_batches", "batch_parts")
 
 
-class DataLoader:
+class DataLoader(Stateful):
     """Loads batches from a map-style dataset (or an iterable source) with worker processes
     writing into shared memory.
 
@@ -82,10 +83,6 @@ class DataLoader:
             collate_fn = default_collate
 
         self.dataset = user_dataset
-        self._source = dataset  # the dataset, or a generator function's GeneratorSource
-        self._iterable = iterable
-        self._order_source = order_source
-        self._rank = current_rank(sampler)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -110,24 +107,32 @@ class DataLoader:
         self.batch_parts = batch_parts
         self.distributed = distributed  # read at every iter(): see sharding.py
         self.shuffle_buffer = shuffle_buffer  # an iterable source's, samples per worker stream (shuffle.py)
-        self._world = (1, 0)  # (world size, rank) of the readers of an iterable source (stream_parts)
-        self._parts_seed: int | None = None  # the seed of a stream's parts' order, once a loaded state said it
+        self._init_state(dataset, iterable, order_source, auto_batch, bool(shuffle))
+        self._config()  # check the settings now, not at the first iter()
+        warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
+        self._initialized = True
+
+    def _init_state(self, source: Any, iterable: bool, order_source: Any, auto_batch: bool, shuffle: bool) -> None:
+        """The loader's own state, beside the attributes users see."""
+        self._source = source  # the dataset, or a generator function's GeneratorSource
+        self._iterable = iterable
+        self._order_source = order_source
+        self._rank = current_rank(self.sampler)
         self._auto_batch = auto_batch
-        self._shuffle = bool(shuffle)
-        self._base_sampler = sampler  # the loader's own sampler, while it does not shard (sharding.py)
+        self._shuffle = shuffle
+        self._base_sampler = self.sampler  # the loader's own sampler, while it does not shard (sharding.py)
         self._shard: tuple[int, int] | None = None  # (world size, rank) the own sampler shards by
         self._reported_len: int | None = None  # len(dataset) of an iterable source, once len(loader) was asked
         self._notes: set[str] = set()  # messages given once already (sharding, saving without state)
         self._claiming = threading.Lock()  # two threads' iterators must not begin the same epoch
         self._cfg: LoaderConfig | None = None  # built from the attributes at the next iter()
-        self._config()  # check the settings now, not at the first iter()
-        warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
+        self._world = (1, 0)  # (world size, rank) of the readers of an iterable source (stream_parts)
+        self._parts_seed: int | None = None  # the seed of a stream's parts' order, once a loaded state said it
         self._next_epoch = 0  # the epoch the next iterator claims at its first batch
         self._resume: dict | None = None  # a loaded state, for the next epoch to begin
         self._progress: Any = None  # the newest iterator's record (resume.py), kept when it is gone; None: not begun
         self._sessions = SessionPool()
         self._finalizer = weakref.finalize(self, SessionPool.close, self._sessions, True)
-        self._initialized = True
 
     # DataLoader[Batch] in annotations, as torch's DataLoader is Generic
     __class_getitem__ = classmethod(types.GenericAlias)
@@ -136,7 +141,7 @@ class DataLoader:
         if getattr(self, "_initialized", False):
             if name in _FROZEN_AFTER_INIT:
                 raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
-            if name in _SETTINGS:
+            if name in SETTINGS:  # read again at the next iter(), as torch does
                 super().__setattr__("_cfg", None)
         super().__setattr__(name, value)
 
@@ -146,20 +151,8 @@ class DataLoader:
             check_settings(self)
             if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
-            collate_fn = self.collate_fn
-            pinner, self._pin_note = pinning.choose(bool(self.pin_memory))
-            self._cfg = LoaderConfig(
-                dataset=self._source, auto_batch=self._auto_batch,
-                collate_fn=None if collate_fn is default_collate else collate_fn,
-                num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                persistent_workers=bool(self.persistent_workers), timeout=float(self.timeout),
-                worker_init_fn=self.worker_init_fn, in_order=bool(self.in_order), seed=self.seed,
-                context=self.multiprocessing_context, output=self.output, slot_bytes=self.slot_bytes,
-                max_shm_bytes=self.max_shm_bytes, shm_backend=resolve_backend(self.shm_backend),
-                max_worker_restarts=self.max_worker_restarts,
-                rank=self._rank, iterable=self._iterable, batch_size=self.batch_size, drop_last=self.drop_last,
-                pinner=pinner, split_batches=self.split_batches, batch_parts=self.batch_parts,
-                stream_shuffle=self._stream_shuffle())
+            self._cfg = LoaderConfig(**read_settings(self), dataset=self._source, auto_batch=self._auto_batch,
+                                     rank=self._rank, iterable=self._iterable, stream_shuffle=self._stream_shuffle())
         return self._cfg
 
     def _stream_shuffle(self) -> StreamShuffle | None:
@@ -197,7 +190,7 @@ class DataLoader:
 
     def _warn_as_torch(self, cfg: LoaderConfig) -> None:
         """The warnings torch's DataLoader gives when an iterator is made, once per loader."""
-        for message, category in iter_warnings(cfg, self.pin_memory, self.pin_memory_device, self._pin_note):
+        for message, category in iter_warnings(self.pin_memory, self.pin_memory_device):
             self._note(message, category)
 
     def _note(self, message: str, category: type) -> None:
@@ -222,25 +215,6 @@ class DataLoader:
             progress.epoch = epoch
             self._resume, self._next_epoch, self._progress = None, epoch + 1, progress
             return epoch, schedule, progress
-
-    def _upcoming_epoch(self) -> int:
-        """The number the next epoch takes: a loaded state's; else the loader's own
-        sampler's epoch, so a ``set_epoch`` on it (trainers call ``loader.sampler.set_epoch``)
-        moves the epoch's seeds with its order, and one number means the epoch; else the
-        loader's own count (a sampler of yours may not count epochs, or be told the same
-        one every time, and a batch's seeds must still change from epoch to epoch)."""
-        if self._resume is not None:
-            return self._resume["epoch"]
-        if self._own_sampler and not self._iterable:
-            return self.sampler.epoch
-        return self._next_epoch
-
-    def _check_resume(self, cfg: LoaderConfig) -> None:
-        """Refuse at iter() what the loaded state cannot be resumed with."""
-        if cfg.iterable:
-            _resume.check_streams(cfg.num_workers, self._resume)
-        elif self._resume["next_batch"] or self._resume["delivered_beyond"]:
-            _resume.check_unchanged(self._order_source, self._resume, _resume.capture(self._order_source))
 
     def _batches_from(self, start: int) -> Any:
         """The epoch's batches (samples, with batch_size=None) from position ``start``."""
@@ -312,96 +286,6 @@ class DataLoader:
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler), ("_order_source", sampler),
                             ("_shard", shard)):
             object.__setattr__(self, name, value)  # (sampler and batch_sampler are frozen to the user)
-
-    # ------------------------------------------------------------ resume
-    def state_dict(self) -> dict:
-        """Where the loader is: at an epoch's start or in the middle of one (the latest
-        ``iter()``), for :meth:`load_state_dict` in a new loader, with any ``num_workers``
-        (for an iterable source: the same). Small, and JSON-serializable when the
-        sampler's (or source's) own state is; see docs/api.md."""
-        if self._resume is not None:
-            return self._resume  # loaded, not used yet
-        self._sync_distributed()
-        current = self._progress
-        live = current is not None and current.saveable
-        if self._iterable:
-            if live:
-                self._saveable(_resume.capture(self._source, kind="iterable source"), "iterable source")
-                return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching(),
-                                            self._stream_shuffle())
-            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching(),
-                                        self._stream_shuffle())
-        if live:
-            return _resume.map_state(current.epoch, self.seed, self._saveable(current.sampler_state), current,
-                                     self._batching())
-        return _resume.map_state(self._upcoming_epoch(), self.seed, self._saveable(_resume.capture(self._order_source)),
-                                 None, self._batching())
-
-    def _saveable(self, state: Any, kind: str = "sampler") -> Any:
-        """``state``, or None (with one warning) for a sampler or source that has none
-        (NOTE [ Saving without the sampler's state ])."""
-        if type(state) is not _resume.Unsaveable:
-            return state
-        self._note(_resume.fast_forward_note(state.reason, kind), ShmloadWarning)
-        return None
-
-    def _batching(self) -> dict:
-        """How samples are grouped into batches: a position means something only under the
-        same grouping."""
-        return {"batch_size": self.batch_size, "drop_last": self.drop_last}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue where ``state`` (from :meth:`state_dict`) was saved: the next ``iter()``
-        yields the rest of the saved epoch, bit-identical to an uninterrupted run (with
-        ``in_order=False``: every batch not delivered before the save, once each, in
-        any order); later ones the epochs after it. Sets this loader's seed to the
-        saved one. Epoch iterators already running are not changed.
-
-        The sampler's saved state is loaded now, so a ``set_epoch()`` of yours afterwards
-        acts as it would have in the uninterrupted run (torch's idiom calls it before
-        every epoch); in the middle of an epoch, ``iter()`` then checks that the sampler's
-        state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
-        the saved one cancels the resume."""
-        state = _resume.check(state, "iterable" if self._iterable else "map")  # its whole shape
-        _resume.check_batching(state["batching"], self._batching())
-        if not self._iterable:
-            self._sync_distributed()
-            if self._own_sampler:
-                _resume.check_same_sharding(state["sampler"], self._shard)
-            if state["sampler"] is not None:  # None: saved without it (NOTE [ Saving without the sampler's state ])
-                _resume.check_resumable(self._order_source)
-                self._order_source.load_state_dict(state["sampler"])
-        else:
-            self._sync_distributed()
-            saved_parts_seed = state.get("parts_seed")
-            _resume.check_shuffling(state, self._stream_shuffle())
-            if any(s["state"] is not None for s in state["streams"]):
-                _resume.check_resumable(self._source, "iterable source")
-            if saved_parts_seed is not None and saved_parts_seed != self._parts_seed:
-                self._parts_seed = saved_parts_seed
-                self._cfg = None
-        if state["seed"] != self.seed:
-            self.seed = int(state["seed"])
-        self._resume = state
-        self._next_epoch = int(state["epoch"])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next epoch ``epoch`` (later ones continue epoch+1, ...), also for an
-        iterator made by ``iter()`` that has not yielded its first batch yet; forwarded to
-        the sampler (or batch sampler) that has ``set_epoch``. After
-        :meth:`load_state_dict`, another epoch than the saved one cancels the resume; the
-        saved one keeps it, and leaves the loaded sampler as it is."""
-        check_int("epoch", epoch, 0)
-        self._next_epoch = int(epoch)
-        if self._progress is not None and not self._progress.finished:
-            self._progress = None  # an epoch left with break: state_dict() now describes epoch `epoch`
-        if self._resume is not None:
-            if self._resume["epoch"] == epoch:
-                return
-            self._resume = None
-        source = self._order_source
-        if source is not None and hasattr(source, "set_epoch"):
-            source.set_epoch(epoch)
 
     # ------------------------------------------------------------ profile
     def stats(self, memory: bool = True) -> LoaderStats:

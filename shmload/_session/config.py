@@ -5,42 +5,64 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
+from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS, MAX_PARTS, parts_of
 from .._core import _platform
 from .._core._checks import check_int
 from .._ordering.shuffle import StreamShuffle
 from .._transport import pinning
+from .._transport.shm import resolve_backend
 from ..errors import OptionalDependencyError, ShmloadWarning
 
 
-@dataclass(frozen=True)
+# NOTE [ One list of settings ]
+# LoaderConfig's fields are the one list of what an epoch runs with. A field made by
+# setting() is read from the DataLoader attribute of the same name (or ``attr``) at
+# every iter(), after ``convert``: DataLoader's ``SETTINGS`` (setting one makes the
+# next iter() read them all again) and ``read_settings()`` are derived from the fields,
+# and a test checks that each such attribute is a keyword of DataLoader's signature.
+# The other fields come from the loader's own state (its dataset as a source, its rank).
+def setting(convert: Callable[[Any], Any] | None = None, attr: str | None = None, **kw: Any) -> Any:
+    """A field read from the loader's attribute ``attr`` (default: the field's name)."""
+    return field(metadata={"attr": attr, "convert": convert}, **kw)
+
+
+def _nondefault_collate(fn: Any) -> Any:
+    return None if fn is default_collate else fn
+
+
+def _pinner(pin_memory: Any) -> Any:
+    return pinning.choose(bool(pin_memory))[0]
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
-    dataset: Any
+    dataset: Any  # the dataset, or a generator function's GeneratorSource
     auto_batch: bool  # False with batch_size=None: one sample per step, nothing stacked
-    collate_fn: Callable | None  # None: the default collate, written straight into the slot
-    num_workers: int
-    prefetch_factor: int | None  # None: 2, deeper for small batches (dispatch.prefetch_depth)
-    persistent_workers: bool
-    timeout: float
-    worker_init_fn: Callable | None
-    in_order: bool
-    seed: int
-    context: Any  # a multiprocessing context
-    output: str  # "numpy" | "torch"
-    slot_bytes: int | None
-    max_shm_bytes: int | None
-    shm_backend: str  # "memfd" | "posix", resolved (shm.resolve_backend)
-    max_worker_restarts: int = 0
+    collate_fn: Callable | None = setting(_nondefault_collate)  # None: the default collate, written into the slot
+    num_workers: int = setting()
+    prefetch_factor: int | None = setting()  # None: 2, deeper for small batches (dispatch.prefetch_depth)
+    persistent_workers: bool = setting(bool)
+    timeout: float = setting(float)
+    worker_init_fn: Callable | None = setting()
+    in_order: bool = setting(bool)
+    seed: int = setting()
+    context: Any = setting(attr="multiprocessing_context")  # a multiprocessing context
+    output: str = setting()  # "numpy" | "torch"
+    slot_bytes: int | None = setting()
+    max_shm_bytes: int | None = setting()
+    shm_backend: str = setting(resolve_backend)  # "memfd" | "posix", resolved (shm.resolve_backend)
+    max_worker_restarts: int = setting(default=0)
     rank: int = 0  # this process's rank in a distributed job, mixed into the batch seeds (seeding.py)
     iterable: bool = False  # the dataset is read as a stream (sources.py, stream.py)
-    batch_size: int | None = None  # for an iterable source's draws (a sampler batches a map-style one)
-    drop_last: bool = False
-    pinner: Any = None  # pin_memory=True with CUDA: page-locks the ring's segments (pinning.py)
-    split_batches: bool | None = None  # None: when workers would idle; True: always; False: never (parts.py)
-    batch_parts: int = DEFAULT_PARTS
+    batch_size: int | None = setting(default=None)  # an iterable source's draws (a sampler batches a map-style one)
+    drop_last: bool = setting(default=False)
+    pinner: Any = setting(_pinner, attr="pin_memory", default=None)  # page-locks the ring's segments (pinning.py)
+    split_batches: bool | None = setting(default=None)  # None: when workers would idle; True: always (parts.py)
+    batch_parts: int = setting(default=DEFAULT_PARTS)
     stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffle buffer and readers (shuffle.py)
 
     @property
@@ -55,6 +77,20 @@ class LoaderConfig:
     def parts_at(self, seq: int, length: int | None) -> int:
         """Batch ``seq``'s parts in an epoch of ``length`` batches (``parts.parts_of``)."""
         return parts_of(seq, length, self.parts, self.split_batches is True)
+
+
+SETTINGS = tuple(f.metadata["attr"] or f.name for f in fields(LoaderConfig) if "attr" in f.metadata)
+
+
+def read_settings(loader: Any) -> dict[str, Any]:
+    """LoaderConfig's setting() fields, read from ``loader``'s attributes and converted."""
+    out = {}
+    for f in fields(LoaderConfig):
+        if "attr" in f.metadata:
+            value = getattr(loader, f.metadata["attr"] or f.name)
+            convert = f.metadata["convert"]
+            out[f.name] = convert(value) if convert is not None else value
+    return out
 
 
 def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
@@ -93,7 +129,7 @@ def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: 
 
 
 def check_settings(loader: Any) -> None:
-    """The checks for every setting that may change after construction (loader.py's ``_SETTINGS``)."""
+    """The checks for every setting that may change after construction (``SETTINGS``)."""
     # (torch's words too, which scripts match: "num_workers option should be non-negative")
     check_int("num_workers", loader.num_workers, 0,
               also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing")
@@ -161,12 +197,12 @@ def warn_too_many_workers(num_workers: int) -> None:
         warnings.warn(message, UserWarning, stacklevel=2)
 
 
-def iter_warnings(cfg: LoaderConfig, pin_memory: Any, pin_memory_device: str,
-                  pin_note: str | None) -> list[tuple[str, type]]:
+def iter_warnings(pin_memory: Any, pin_memory_device: str) -> list[tuple[str, type]]:
     """The warnings torch's DataLoader gives when an iterator is made, in its words
     (scripts filter them by message), as (message, category)."""
     out: list[tuple[str, type]] = []
     if pin_memory:
+        pin_note = pinning.choose(True)[1]
         if pin_memory_device:
             out.append(("pin_memory_device is deprecated, the current accelerator will be used as the device,"
                         f"ignore pin_memory_device='{pin_memory_device}'.", UserWarning))
