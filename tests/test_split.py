@@ -165,9 +165,8 @@ def test_a_batch_loaded_again_whole_goes_to_a_worker_holding_no_later_batch():
         for seq in seqs:
             dispatcher.assign(wid, (1, seq), InFlight(Task(1, 0, seq, [seq], None), None))
     sent = []
-    workers = [SimpleNamespace(id=w) for w in range(3)]
-    session = SimpleNamespace(iteration=1, dispatcher=dispatcher, supervisor=SimpleNamespace(
-        live=lambda: workers, workers=workers, send=lambda wid, task: sent.append((wid, task.seq))))
+    session = SimpleNamespace(iteration=1, dispatcher=dispatcher, worker_ids=lambda: [0, 1, 2],  # (spans.SpanHost)
+                              send=lambda wid, task, defer=False: sent.append((wid, task.seq)))
     split = SplitBatch(0, 5, list(range(8)), 2, {0: span(8, 2, 0, 1), 2: span(8, 2, 1, 2)}, slot=None)
     SplitBatches(session)._send_whole(split)
     assert sent == [(1, 5)]  # worker 1 holds two tasks, but both before batch 5

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from .._core import _signals
 from .._ordering.stream import Stream
 from .._session.config import LoaderConfig
-from .._session.session import RestartBudget, Session
+from .._session.recovery import RestartBudget
+from .._session.session import Session
 from .._session.supervisor import owned_here
 from ..profiler.profile import Profile
 from .epoch import MultiprocessEpoch, SingleProcessEpoch

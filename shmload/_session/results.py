@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from .._transport.messages import StreamPoint
 from .._transport.ring import Slot
+from ..errors import WorkerError, describe_load
 
 
 class Loaded(NamedTuple):
@@ -26,3 +27,14 @@ class Ended(NamedTuple):
 
     seq: int
     worker: int
+
+
+def failed_where(wid: int, seq: int, load: Any) -> str:
+    """Where a batch's error happened, in the words of torch's (scripts match them)."""
+    return f"in DataLoader worker process {wid} while loading batch {seq} ({describe_load(load)})"
+
+
+def unpicklable(wid: int, seq: int, exc: BaseException) -> WorkerError:
+    """A batch whose layout (its non-array values) the main process could not unpickle."""
+    return WorkerError(f"batch {seq} from DataLoader worker process {wid} could not be unpickled in the main process "
+                       f"({type(exc).__name__}: {exc}): its non-array values must be importable here too")

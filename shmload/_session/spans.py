@@ -9,20 +9,40 @@ allocator, supervisor and layouts. Which batches are split is the epoch's decisi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from .._batching.splitting import SplitBatch
 from .._transport.messages import Done, Indices, NeedSpace, Reassign, Task
 from .._transport.ring import SlotState
-from ..errors import WorkerError, describe_load
-from .dispatch import InFlight
-from .results import Loaded, LoadFailed
+from .allocation import SlotAllocator
+from .dispatch import Dispatcher, InFlight
+from .results import Loaded, LoadFailed, failed_where, unpicklable
+
+
+class SpanHost(Protocol):
+    """What split batches use of their session (``session.Session``), and nothing more."""
+
+    iteration: int
+    dispatcher: Dispatcher
+    allocator: SlotAllocator
+
+    def send(self, wid: int, msg: Any, defer: bool = False) -> None:
+        """Send worker ``wid`` a message (``defer``: with the next flush)."""
+
+    def worker_ids(self) -> list[int]:
+        """The live workers' ids; every worker's while none is known to be alive."""
+
+    def load_layout(self, wid: int, layout_id: int, layout: Any) -> Any:
+        """The layout worker ``wid`` sent (``LayoutCache.load``)."""
+
+    def give_back(self, slot: Any) -> None:
+        """Return ``slot`` (None: no slot) to the ring."""
 
 
 class SplitBatches:
     """The split batches of a session in flight, by (iteration, batch)."""
 
-    def __init__(self, session: Any):
+    def __init__(self, session: SpanHost):
         self._s = session
         self._batches: dict[tuple[int, int], SplitBatch] = {}
 
@@ -39,7 +59,7 @@ class SplitBatches:
             task = Task(s.iteration, epoch, seq, indices[span.start:span.stop], slot.ref if slot is not None else None,
                         parts, span)
             s.dispatcher.assign(wid, (s.iteration, seq), InFlight(task, slot))
-            s.supervisor.send(wid, task, defer=True)
+            s.send(wid, task, defer=True)
 
     def result(self, wid: int, kind: type, msg: Any, key: tuple[int, int], stale: bool) -> Loaded | LoadFailed | None:
         """A span's message (Done, Failed or NeedSpace): the batch once every span has reported."""
@@ -47,14 +67,14 @@ class SplitBatches:
         if kind is NeedSpace:
             if not stale and self._slot(wid, key, split, msg.nbytes):
                 return None
-            s.supervisor.send(wid, Reassign(msg.iteration, msg.seq, None))
+            s.send(wid, Reassign(msg.iteration, msg.seq, None))
             s.dispatcher.complete(wid, key)
             split.dropped(wid)
         else:
             s.dispatcher.complete(wid, key)
             if kind is Done:
                 try:
-                    split.done(wid, s._layouts.load(wid, msg.layout_id, msg.layout))
+                    split.done(wid, s.load_layout(wid, msg.layout_id, msg.layout))
                 except Exception as exc:
                     split.broken(wid, exc)
             else:
@@ -79,7 +99,7 @@ class SplitBatches:
         if split.slot is None or split.slot.capacity < nbytes:
             return False
         s.dispatcher.assign(wid, key, s.dispatcher.task(wid, key)._replace(slot=split.slot, fits=True))
-        s.supervisor.send(wid, Reassign(key[0], key[1], split.slot.ref))
+        s.send(wid, Reassign(key[0], key[1], split.slot.ref))
         return True
 
     def _finished(self, key: tuple[int, int], stale: bool) -> Loaded | LoadFailed | None:
@@ -89,20 +109,17 @@ class SplitBatches:
         redo = split.redo
         layout = split.layout() if not (stale or split.error or redo) else None
         if layout is None:
-            s._give_back(split.slot)
+            s.give_back(split.slot)
         if stale:
             return None
         if split.error is not None and not redo:
             wid, error = split.error
             span = split.spans[wid]
             # the words of a batch loaded whole (scripts match them); the part in a note
-            where = f"in DataLoader worker process {wid} while loading batch {split.seq} ({describe_load(split.load)})"
             if isinstance(error, Exception):  # the span's layout did not unpickle here
-                exc = WorkerError(f"batch {split.seq} from DataLoader worker process {wid} could not be unpickled in "
-                                  f"the main process ({type(error).__name__}: {error}): its non-array values must be "
-                                  "importable here too")
+                exc = unpicklable(wid, split.seq, error)
             else:
-                exc = error.rebuild(where)
+                exc = error.rebuild(failed_where(wid, split.seq, split.load))
             _add_note(exc, f"Worker {wid} was loading rows {span.start} to {span.stop - 1} of the batch's "
                            f"{span.rows}: a part of it (split_batches, docs/api.md).")
             return LoadFailed(split.seq, exc)
@@ -122,8 +139,7 @@ class SplitBatches:
         the fewest tasks: the allocator then serves the batch it waits behind first
         (NOTE [ Earliest as the workers see it ], allocation.py)."""
         s = self._s
-        # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
-        ids = [h.id for h in s.supervisor.live()] or [h.id for h in s.supervisor.workers]
+        ids = s.worker_ids()
 
         def later_and_held(w: int) -> tuple[bool, int]:
             held = s.dispatcher.held_by(w)
@@ -132,7 +148,7 @@ class SplitBatches:
         wid = min(ids, key=later_and_held)
         task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
         s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
-        s.supervisor.send(wid, task)
+        s.send(wid, task)
 
 
 def _add_note(exc: BaseException, note: str) -> None:
