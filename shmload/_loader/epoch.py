@@ -1,10 +1,9 @@
 """One epoch: take tasks from the schedule, get them loaded, yield the batches in order.
 
-:class:`SingleProcessEpoch` loads in the calling process (``num_workers=0``).
-:class:`MultiprocessEpoch` keeps up to ``num_workers * prefetch_factor`` batches
-(``Session.outstanding``) outstanding (dispatched or ready but not yet yielded, as torch
-counts them), feeds results through a :class:`ReorderBuffer`, and yields views into the
-ring. The schedule (``schedule.py``) says what each task loads: a sampler's batches, or
+:class:`Epoch` is what both epochs share: ``next()`` as one window, the epoch beginning
+at its first batch, ``len()``, the profile's clock. :class:`SingleProcessEpoch` loads in
+the calling process (``num_workers=0``); ``worker_epoch.MultiprocessEpoch`` has workers
+load. The schedule (``schedule.py``) says what each task loads: a sampler's batches, or
 draws from the workers' streams. Both epochs record what they delivered in ``progress``
 (``resume.py``), from which ``DataLoader.state_dict()`` is made.
 
@@ -14,30 +13,23 @@ iterator stays usable and the next ``next()`` yields the following batch.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import warnings
-import weakref
 from typing import Any, Callable
 
 from .._batching.collate import StackPlans, build_local
-from .._batching.parts import plan_spans, tail_wait
 from .._core import _signals
-from .._loading.fetch import check_indices
 from .._loading.loading import ENDED, BatchSource, BatchTimer, load_batch
 from .._ordering import seeding
 from .._ordering.schedule import Planned, Schedule
 from .._ordering.stream import Stream
 from .._session import lifetime
 from .._session.config import LoaderConfig
-from .._session.session import Ended, LoadFailed, Session
 from .._transport.messages import Draw, StreamPoint
-from ..errors import LoaderTimeoutError, ShmloadError, describe_load
+from ..errors import ShmloadError, describe_load
 from ..profiler.profile import Profile
-from .reorder import ReorderBuffer
 
-POLL_INTERVAL = 0.5  # how often a waiting iterator re-checks released slots
 _clock = time.perf_counter
 
 
@@ -50,7 +42,7 @@ class _Outcome:
         self.value, self.error = value, error
 
 
-class _Epoch:
+class Epoch:
     """What both epoch iterators share: ``iter()`` returns itself, ``len()`` is the loader's,
     every ``next()`` is timed for the profiler (``profile.ConsumerClock``), and the epoch
     begins at the first ``next()`` (see NOTE [ An epoch begins at its first batch ] in
@@ -104,7 +96,7 @@ class _Epoch:
     def _pending(self) -> int:
         return 0
 
-    def __iter__(self) -> _Epoch:
+    def __iter__(self) -> Epoch:
         return self
 
     # NOTE [ An interrupt during next() ]
@@ -197,7 +189,7 @@ class _Epoch:
         return self._length
 
 
-class SingleProcessEpoch(_Epoch):
+class SingleProcessEpoch(Epoch):
     """``num_workers=0``: each batch is loaded when asked for, in the calling process."""
 
     _cut_stream = False  # an interrupt cut the source's own code in a draw (_produce)
@@ -299,200 +291,3 @@ class SingleProcessEpoch(_Epoch):
         elif point is None:  # the draw raised
             point = self._stream.point(failed=True)
         self.progress.record(seq, (0, point) if draw is not None else None)
-
-
-
-_LATER = object()  # MultiprocessEpoch._spans: dispatch this batch later
-_TAKEN_OVER = ("this iterator can no longer be used: a newer iter() of the same loader (persistent_workers=True) "
-               "or close() took over its workers")
-HOLD_BACK_MIN = 0.005  # seconds: a batch loaded faster is never held back at an epoch's end (_fast)
-
-
-class MultiprocessEpoch(_Epoch):
-    def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 claim: Callable[[], tuple[int, Schedule, Any]], length: int | None, loader: Any, profile: Profile):
-        self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
-        self._profile = profile
-        self._cfg, self._session = cfg, session
-        self._claim, self._length = claim, length
-        self._lock = session.lock  # NOTE [ Threads sharing a session ] (session.py)
-        _signals.acquire(self._lock)  # (in open_epoch's window: waiting for another thread's next())
-        try:
-            self._iteration = session.begin_iteration()
-        finally:
-            self._lock.release()
-        self._reorder = ReorderBuffer(cfg.in_order)
-        self._exhausted = False
-        # Non-persistent workers live as long as this iterator: break, del, garbage
-        # collection and interpreter exit all stop them.
-        self._stop = weakref.finalize(self, Session.close, session, True) if owns_session else None
-        self._done = False
-        self._tail_deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
-        self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
-
-    def _produce(self) -> Any:
-        if self._done:
-            raise StopIteration
-        if os.getpid() != self._session.owner_pid:
-            raise ShmloadError("this iterator's workers belong to the process that created it (pid "
-                               f"{self._session.owner_pid}), not to this forked child: call iter(loader) here")
-        if self._session.iteration != self._iteration or self._session.closed:
-            raise ShmloadError(_TAKEN_OVER)
-        if self.schedule is None:
-            self._begin()
-        try:
-            return self._next()
-        except StopIteration:
-            self.progress.finished = True
-            self._finish()
-            raise
-        except ShmloadError:
-            if self._session.closed:  # a worker died: nothing more will come
-                self._finish()
-            raise
-
-    def _next(self) -> Any:
-        deadline = None
-        while True:
-            self._fill()
-            popped = self._reorder.pop()
-            if popped is not None:
-                if type(popped[1]) is Ended:
-                    self.progress.end(popped[1].worker)
-                    continue
-                return self._yield(popped[1])
-            if self._exhausted and len(self._reorder) == 0:
-                raise StopIteration
-            self._session.raise_if_stuck(self._reorder.head)
-            wait = POLL_INTERVAL
-            if self._tail_deadline is not None:
-                wait = max(0.0, min(wait, self._tail_deadline - time.monotonic()))
-                self._tail_deadline = None
-            if self._cfg.timeout > 0:
-                now = time.monotonic()
-                deadline = deadline or now + self._cfg.timeout
-                if now >= deadline:
-                    raise self._timed_out()
-                wait = min(wait, deadline - now)
-            results = self._session.poll(wait)
-            if self._session.closed:  # close() from another thread, waiting for this next() to let go
-                raise ShmloadError(_TAKEN_OVER)
-            for result in results:
-                if type(result) is Ended:
-                    self.schedule.ended(result.worker)  # no more draws from it
-                self._reorder.put(result.seq, result)
-            if results:
-                deadline = None
-
-    def _fill(self) -> None:
-        try:
-            self._dispatch()
-        finally:
-            self._session.flush()  # the tasks of this round leave together, one write per worker
-
-    def _dispatch(self) -> None:
-        session = self._session
-        if not session.worth_dispatching(session.outstanding - len(self._reorder)):
-            return
-        while not self._exhausted and len(self._reorder) < session.outstanding:
-            planned = self.schedule.peek()
-            if planned is None:
-                self._exhausted = True
-                return
-            if not self._send(planned):
-                return
-            self._reorder.expect(planned.seq)
-            self.schedule.commit()
-
-    def _send(self, planned: Planned) -> bool:
-        """Dispatch one batch: whole, or in spans where workers would otherwise idle
-        (parts.py), or always with ``split_batches=True``. False if it must wait."""
-        session = self._session
-        parts = self._cfg.parts_at(planned.seq, self._length)
-        spans = self._spans(planned, parts) if parts > 1 and planned.worker is None else None
-        if spans is _LATER:
-            return False
-        if spans:
-            return session.try_dispatch_spans(self.epoch, planned.seq, planned.load, parts, spans)
-        return session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker, parts)
-
-    def _spans(self, planned: Planned, parts: int) -> Any:
-        """The spans to split a batch into; None to send it whole; :data:`_LATER` to wait.
-
-        * The epoch's last ``num_workers`` batches wait until a worker is idle, and are
-          then shared by the idle workers: queued behind other work, they would end the
-          epoch on one or two workers while the rest wait (with deep queues, long before
-          any worker idles). Waiting costs a round trip per batch at each epoch's end.
-        * Otherwise a batch is split when idle workers outnumber the batches already on
-          their way (the consumer would wait: the epoch's start, a short epoch).
-        * ``split_batches=True`` splits every batch over the workers with room."""
-        cfg, dispatcher = self._cfg, self._session.dispatcher
-        forced = cfg.split_batches is True
-        near_end = (self._length is not None and self._length - planned.seq <= cfg.num_workers
-                    and not self._fast(len(planned.load)))
-        idle = dispatcher.idle_workers()
-        if not (forced or near_end or idle > len(self._reorder)):
-            return None
-        if len(planned.load) < 2 or not self._splittable(planned):
-            return None
-        live = [not h.exited for h in self._session.supervisor.workers]
-        loads = dispatcher.loads()
-        if near_end and not forced:
-            room = [ok and not load for ok, load in zip(live, loads)]
-            now = time.monotonic()
-            wait = tail_wait(room, loads, dispatcher.busy_since, now, self._pace, parts)
-            if wait > 0 or not any(room):
-                self._tail_deadline = now + wait if wait > 0 else None
-                return _LATER
-        else:
-            room = [ok and dispatcher.has_room(w) for w, ok in enumerate(live)]
-        spans = plan_spans(len(planned.load), parts, loads, room, forced)
-        return spans if len(spans) > 1 else None
-
-    def _fast(self, rows: int) -> bool:
-        """Does a batch of ``rows`` load in less than :data:`HOLD_BACK_MIN` by the workers'
-        measured pace (read once per epoch, at its end)? Such a batch is not held back at
-        the epoch's end: the round trip would cost more than an idle worker does."""
-        if self._pace is None:
-            self._pace = self._session.seconds_per_sample()
-        return self._pace is not None and self._pace * rows < HOLD_BACK_MIN
-
-    def _splittable(self, planned: Planned) -> bool:
-        """Indices the dataset refuses are left to one worker, whose error names the
-        position in the whole batch (``fetch.check_indices``), as an unsplit batch's does."""
-        try:
-            check_indices(self._cfg.dataset, planned.load)
-        except IndexError:
-            return False
-        return True
-
-    def _yield(self, result: Any) -> Any:
-        self.progress.record(result.seq, result.stream)
-        if type(result) is LoadFailed:
-            raise result.error
-        self._nbytes = result.layout.nbytes
-        consumer = self._profile.consumer
-        if _clock() >= consumer.next_sample:  # ring occupancy, at most every 5 ms
-            self._session.collect_releases()  # so batches the consumer let go count as free
-            consumer.sample_ring(self._session.ring.counts())
-            self._profile.sample_memory(self._session)  # a worker's USS, now and then (profiler/memory.py)
-        return self._session.deliver(result)
-
-    def _pending(self) -> int:
-        return len(self._reorder)  # dispatched, or ready, and not yet yielded
-
-    def _timed_out(self) -> LoaderTimeoutError:
-        missing = sorted(self._reorder.missing)
-        planned = self.schedule.peek()
-        seq = missing[0] if missing else planned.seq if planned is not None else -1
-        return LoaderTimeoutError(
-            f"DataLoader timed out after {self._cfg.timeout:g} seconds waiting for batch {seq}: "
-            f"{self._session.why_waiting(seq)}")
-
-    def _finish(self) -> None:
-        self._done = True
-        if self._stop is not None:
-            # workers stop at the end of the epoch, as torch's do; the finalizer stays armed
-            # until close() has finished (NOTE [ A close() that did not finish ], session.py)
-            self._session.close()
-            self._stop.detach()

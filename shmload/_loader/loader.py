@@ -36,9 +36,10 @@ from .._session.config import (
 from .._session.dispatch import DEFAULT_PREFETCH
 from ..profiler.stats import LoaderStats
 from . import resume as _resume
-from .epoch import MultiprocessEpoch, SingleProcessEpoch
+from .epoch import SingleProcessEpoch
 from .pool import SessionPool
 from .stateful import Stateful
+from .worker_epoch import MultiprocessEpoch
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers",
                       "shuffle_buffer")

@@ -22,7 +22,8 @@ from .._session.recovery import RestartBudget
 from .._session.session import Session
 from .._session.supervisor import owned_here
 from ..profiler.profile import Profile
-from .epoch import MultiprocessEpoch, SingleProcessEpoch
+from .epoch import SingleProcessEpoch
+from .worker_epoch import MultiprocessEpoch
 
 
 class SessionPool:

@@ -52,7 +52,7 @@ from .spans import SplitBatches
 from .supervisor import Supervisor, owned_here
 
 # Seconds close() waits for another thread's next() in progress to see the session
-# closed and let go (it looks after every wait, at most epoch.POLL_INTERVAL); past it, a
+# closed and let go (it looks after every wait, at most worker_epoch.POLL_INTERVAL); past it, a
 # next() stuck elsewhere is not waited for.
 CLOSE_WAIT = 5.0
 

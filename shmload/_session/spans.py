@@ -2,9 +2,9 @@
 they make: the batch, its error, or the batch sent again whole.
 
 The bookkeeping of one split batch is ``splitting.SplitBatch`` (pure, with the rule that
-keeps the shared slot safe); this module carries it out with the session's dispatcher,
-allocator, supervisor and layouts. Which batches are split is the epoch's decision
-(``epoch.MultiprocessEpoch._spans``, by ``parts.plan_spans``).
+keeps the shared slot safe); this module carries it out through what the session shows
+it (:class:`SpanHost`). Which batches are split is decided at dispatch time
+(``split_policy.SplitPolicy``, by ``parts.plan_spans``).
 """
 
 from __future__ import annotations

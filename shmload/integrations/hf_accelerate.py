@@ -13,7 +13,7 @@ in a small subclass of it:
 - iterating registers it with accelerate's ``GradientState`` (``begin()``), and sets
   ``end_of_dataloader`` just before the epoch's last batch is handed out, as
   accelerate's own loaders do; leaving the loop unregisters it (``end()``);
-- the end is known without reading ahead (``MultiprocessEpoch.at_end()``: no batch is
+- the end is known without reading ahead (``Epoch.at_end()``: no batch is
   held back, so ``state_dict()`` at any step is exact); for an iterable source the
   end is known only when read, so ``end_of_dataloader`` is not set on its last batch;
 - everything else (``state_dict``, ``load_state_dict``, ``set_epoch``, ``len``,
