@@ -1,5 +1,6 @@
 """The package's plan, checked: private packages by layer, each importing only the
-layers below it, the public subpackages without back-references, and no import cycle.
+layers below it, the public subpackages without back-references, no import cycle, and
+no module, class or function too long to hold in mind.
 
 Read from the source (every ``import`` and ``from ... import``, those inside functions
 included; those under ``if TYPE_CHECKING:`` only name types and are left out), so a
@@ -147,3 +148,35 @@ def test_no_import_cycle():
 def test_the_rule_itself(source, target, expected):
     a, b = _part(source), _part(target)
     assert (b in BOTTOM or LAYERS.index(b) <= LAYERS.index(a)) is expected
+
+
+# What a reader can hold in mind (issue 34): past these a module holds two ideas. The
+# limits are lines, docstrings and comments included, as a reader meets them.
+MAX_MODULE, MAX_CLASS, MAX_FUNCTION = 400, 350, 60
+
+
+def sizes() -> list[tuple[str, str, int, int]]:
+    """(kind, where, lines, limit) of every module, class and function over its limit."""
+    over = []
+    for folder, _, files in os.walk(ROOT):
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(folder, f)
+            with open(path) as source:
+                text = source.read()
+            where = os.path.relpath(path, os.path.dirname(ROOT))
+            if text.count("\n") > MAX_MODULE:
+                over.append(("module", where, text.count("\n"), MAX_MODULE))
+            for node in ast.walk(ast.parse(text)):
+                kind, limit = (("class", MAX_CLASS) if isinstance(node, ast.ClassDef) else
+                               ("function", MAX_FUNCTION) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                               else (None, 0))
+                if kind is not None and node.end_lineno - node.lineno + 1 > limit:
+                    over.append((kind, f"{where}:{node.lineno} {node.name}", node.end_lineno - node.lineno + 1, limit))
+    return over
+
+
+def test_no_module_class_or_function_is_too_long():
+    over = sizes()
+    assert not over, "\n".join(f"{kind} {where}: {n} lines, over {limit}" for kind, where, n, limit in over)

@@ -23,7 +23,6 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import selectors
-import signal
 import socket
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from .._transport.control import ControlBlock
 from .._transport.messages import AttachControl, Shutdown
 from .._transport.shm import Segment
 from ..errors import ShmloadError
+from .handle import WorkerHandle
 from .shipping import PerWorker
 
 JOIN_TIMEOUT = 1.0
@@ -46,39 +46,6 @@ TERM_TIMEOUT = 1.0
 DEATH_CHECK = 0.05  # longest sleep on the bell between two looks for dead workers
 SOCKET_SLICE = 0.002  # longest wait on the sockets while one has work, between looks at the queues
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-
-
-class WorkerHandle:
-    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events", "reaped", "death_fd")
-
-    def __init__(self, wid: int, process: Any, channel: Channel):
-        self.id = wid
-        self.process = process
-        self.channel = channel
-        self.pid = process.pid
-        self.ready = False
-        self.exited = False
-        self.exitcode: int | None = None
-        self.events = 0  # what the selector waits for on the channel (0: not registered)
-        self.reaped = False  # joined and its Process closed, by shutdown()
-        self.death_fd = -1  # readable once the process has exited (_platform.death_watch)
-
-    def forget_death_fd(self) -> None:
-        if self.death_fd >= 0 and self.death_fd != self.process.sentinel:
-            os.close(self.death_fd)  # a pidfd of our own (the sentinel is multiprocessing's)
-        self.death_fd = -1
-
-    def exit_description(self) -> str:
-        code = self.exitcode if self.exitcode is not None else self.process.exitcode
-        if code is None:
-            return "is still running"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"was killed by {name}"
-        return f"exited with exit code {code}"
 
 
 class Supervisor:
