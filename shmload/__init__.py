@@ -38,7 +38,7 @@ from .errors import (
                      WorkerError,
                      WorkerStartupError,
 )
-from .profiler.stats import LoaderStats, MainStats, RingStats, WorkerStats
+from .profiler.stats import LoaderStats
 
 __all__ = [  # (__version__ is public too, as every package's)
     "BatchSampler",
@@ -52,12 +52,10 @@ __all__ = [  # (__version__ is public too, as every package's)
     "ImageDecodeError",
     "LoaderStats",
     "LoaderTimeoutError",
-    "MainStats",
     "OptionalDependencyError",
     "PinningError",
     "RandomSampler",
     "RingFullError",
-    "RingStats",
     "SequentialSampler",
     "SharedMemoryError",
     "ShmloadError",
@@ -65,7 +63,6 @@ __all__ = [  # (__version__ is public too, as every package's)
     "WorkerDiedError",
     "WorkerError",
     "WorkerInfo",
-    "WorkerStats",
     "WorkerStartupError",
     "default_collate",
     "get_worker_info",

@@ -22,11 +22,15 @@ def test_public_exports_do_not_drift():
         "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
         "RandomSampler", "RingFullError", "SequentialSampler", "SharedMemoryError", "ShmloadError", "ShmloadWarning",
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
-        "get_worker_info", "LoaderStats", "MainStats", "RingStats", "WorkerStats", "Batched", "DeferredArray",
+        "get_worker_info", "LoaderStats", "Batched", "DeferredArray",
         "ImageDecodeError", "DistributedSampler", "DistributedWarning", "GeneratorSource", "stream_parts",
         "PinningError"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
+    # and nothing else public in the namespace: only the exports, the version and subpackages
+    import types
+    extra = {n for n, v in vars(shmload).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert extra == set(shmload.__all__), f"public but not in __all__: {sorted(extra - set(shmload.__all__))}"
 
 
 def _shmloads_own(base: type) -> dict[str, type]:

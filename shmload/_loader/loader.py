@@ -49,7 +49,7 @@ class DataLoader(Stateful):
     """Loads batches from a map-style dataset (or an iterable source) with worker processes
     writing into shared memory.
 
-    See the README's API table for every argument; those shared with
+    See docs/api.md for every argument; those shared with
     ``torch.utils.data.DataLoader`` mean what they mean there. Yielded arrays are views
     into shared memory, valid for as long as you hold them (see docs/architecture.md).
     """
