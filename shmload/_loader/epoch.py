@@ -50,6 +50,8 @@ class Epoch:
 
     _length: int | None
     _profile: Profile
+    _cfg: LoaderConfig
+    _lock: Any  # one next() at a time: the session's lock, or the epoch's own
     _claim: Callable[[], tuple[int, Schedule, Any]]
     _nbytes = 0  # array bytes of the batch _produce() returned
     epoch: int | None = None
@@ -68,11 +70,11 @@ class Epoch:
     # calls samples (they differ unless batch_size is None or 1). Scripts and torch's own
     # tests match its words and count its warnings, so they are torch's, each time, and
     # point at the line that called next() (stacklevel: this method, then __next__).
-    def _check_reported_len(self, stacklevel: int) -> None:
+    def _check_reported_len(self, reported: int, stacklevel: int) -> None:
         self._yielded += 1
-        if self._yielded > self.reported_len:
+        if self._yielded > reported:
             warnings.warn(
-                f"Length of IterableDataset {self._cfg.dataset} was reported to be {self.reported_len}(when "
+                f"Length of IterableDataset {self._cfg.dataset} was reported to be {reported}(when "
                 f"accessing len(dataloader)), but {self._yielded} samples have been fetched. "
                 + ("For multiprocessing data-loading, this could be caused by not properly configuring the "
                    "IterableDataset replica at each worker. Please see "
@@ -81,6 +83,18 @@ class Epoch:
 
     def _begin(self) -> None:
         self.epoch, self.schedule, self.progress = self._claim()
+
+    @property
+    def _sched(self) -> Schedule:
+        """The schedule, once the epoch has begun (its first ``next()``: _begin)."""
+        assert self.schedule is not None, "the epoch has not begun"
+        return self.schedule
+
+    @property
+    def _number(self) -> int:
+        """The epoch's number, once it has begun."""
+        assert self.epoch is not None, "the epoch has not begun"
+        return self.epoch
 
     def at_end(self) -> bool | None:
         """Whether the batch ``next()`` returned last was the epoch's last, so the next
@@ -139,11 +153,12 @@ class Epoch:
                 progress.held = False
             self._replay = None
         if outcome.error is not None:  # (in-line: a call here would let a handler run, the batch kept by no one)
-            error, outcome = outcome.error, None
+            error = outcome.error
+            del outcome
             try:
                 raise error
             finally:
-                error = None  # (this frame, in the error's traceback, must not hold the error: a cycle)
+                del error  # (this frame, in the error's traceback, must not hold the error: a cycle)
         return outcome.value
 
     def _outcome(self) -> _Outcome:
@@ -162,7 +177,7 @@ class Epoch:
                 raise
             return _Outcome(None, exc)
         if self.reported_len is not None:
-            self._check_reported_len(4)  # (pointing at the caller of next(): this, __next__, it)
+            self._check_reported_len(self.reported_len, 4)  # (pointing at the caller of next(): this, __next__, it)
         return _Outcome(batch, None)
 
     def _next_timed(self) -> Any:
@@ -220,7 +235,7 @@ class SingleProcessEpoch(Epoch):
         if self.schedule is None:
             self._begin()
         while True:
-            planned = self.schedule.peek()
+            planned = self._sched.peek()
             if planned is None:
                 self.progress.finished = True
                 raise StopIteration
@@ -232,7 +247,7 @@ class SingleProcessEpoch(Epoch):
             # cannot be taken back from the source: one cut ends the iterator (above).
             draw = type(planned.load) is Draw
             if draw:
-                self.schedule.commit()
+                self._sched.commit()
             try:
                 batch = self._load(planned)  # (which takes the task as it records it: _consumed)
             except BaseException as exc:
@@ -256,15 +271,15 @@ class SingleProcessEpoch(Epoch):
             with seeding.preserved_globals():
                 try:
                     with _signals.interruptible():  # the dataset's and collate_fn's code
-                        plan = load_batch(self._source, self.epoch, seq, load, self._key, timer,
+                        plan = load_batch(self._source, self._number, seq, load, self._key, timer,
                                           parts=self._cfg.parts_at(seq, self._length))
-                    point = self._stream.point() if draw is not None and plan is not ENDED else None
+                    point = self._stream_of().point() if draw is not None and plan is not ENDED else None
                 except StopIteration as exc:  # would silently end the caller's for-loop (cf. PEP 479)
                     raise RuntimeError(f"the dataset or collate_fn raised StopIteration while loading batch {seq} "
                                        f"({describe_load(load)})") from exc
             if plan is ENDED:
                 ended = True
-                self.schedule.ended(0)
+                self._sched.ended(0)
                 self.progress.end(0)
                 return ENDED
             timer.to_other()
@@ -283,11 +298,16 @@ class SingleProcessEpoch(Epoch):
             if not ended:
                 timer.record(self._profile.inline)
 
+    def _stream_of(self) -> Stream:
+        """The iterable source's stream (a draw is only planned for one)."""
+        assert self._stream is not None, "a draw without a stream"
+        return self._stream
+
     def _consumed(self, seq: int, draw: Draw | None, point: StreamPoint | None) -> None:
         """Batch ``seq`` was loaded or raised its error: recorded, and its task taken (a
         draw's was taken before its load: _produce)."""
         if draw is None:
-            self.schedule.commit()
+            self._sched.commit()
         elif point is None:  # the draw raised
-            point = self._stream.point(failed=True)
+            point = self._stream_of().point(failed=True)
         self.progress.record(seq, (0, point) if draw is not None else None)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-import types
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Generic, Iterator, TypeVar
 
 from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS
@@ -22,6 +21,7 @@ from .._core import _platform
 from .._ordering import seeding, sharding
 from .._ordering.distributed import DistributedSampler, current_rank, world_or_alone
 from .._ordering.sampler import BatchSampler, orders
+from .._ordering.schedule import Schedule
 from .._ordering.shuffle import StreamShuffle
 from .._ordering.sources import check_shuffle_buffer, check_stream_options, classify
 from .._session.config import (
@@ -45,7 +45,10 @@ _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop
                       "shuffle_buffer")
 
 
-class DataLoader(Stateful):
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoader(Stateful, Generic[T_co]):  # DataLoader[Batch] in annotations, as torch's
     """Loads batches from a map-style dataset (or an iterable source) with worker processes
     writing into shared memory.
 
@@ -135,9 +138,6 @@ class DataLoader(Stateful):
         self._sessions = SessionPool()
         self._finalizer = weakref.finalize(self, SessionPool.close, self._sessions, True)
 
-    # DataLoader[Batch] in annotations, as torch's DataLoader is Generic
-    __class_getitem__ = classmethod(types.GenericAlias)
-
     def __setattr__(self, name: str, value: Any) -> None:
         if getattr(self, "_initialized", False):
             if name in _FROZEN_AFTER_INIT:
@@ -153,14 +153,13 @@ class DataLoader(Stateful):
             if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
             self._cfg = LoaderConfig(**read_settings(self), dataset=self._source, auto_batch=self._auto_batch,
-                                     rank=self._rank, iterable=self._iterable, stream_shuffle=self._stream_shuffle())
+                                     rank=self._rank, iterable=self._iterable,
+                                     stream_shuffle=self._stream_shuffle() if self._iterable else None)
         return self._cfg
 
-    def _stream_shuffle(self) -> StreamShuffle | None:
+    def _stream_shuffle(self) -> StreamShuffle:
         """An iterable source's shuffling and readers; its parts are shuffled by a seed that
         is the same on every rank (as sharding.py's): the loader's if given, else 0."""
-        if not self._iterable:
-            return None
         parts_seed = self._parts_seed if self._parts_seed is not None else self.seed if self._seed_given else 0
         return StreamShuffle(self.shuffle_buffer or 0, parts_seed, *self._world)
 
@@ -179,7 +178,7 @@ class DataLoader(Stateful):
         self._sync_distributed(unshard=True)
         cfg = self._config()
         if self._resume is not None:
-            self._check_resume(cfg)  # at once, as well as when the epoch begins
+            self._check_resume(cfg, self._resume)  # at once, as well as when the epoch begins
         length = self._length()
         self._warn_as_torch(cfg)
         if self._sessions.starts_workers(cfg):
@@ -208,6 +207,8 @@ class DataLoader(Stateful):
         with self._claiming:
             resume = self._resume
             epoch = self._upcoming_epoch()
+            schedule: Schedule
+            progress: Any
             if cfg.iterable:
                 schedule, progress = _resume.plan_stream_epoch(cfg.num_workers, cfg.batch_size, cfg.drop_last, resume)
             else:
@@ -217,7 +218,7 @@ class DataLoader(Stateful):
             self._resume, self._next_epoch, self._progress = None, epoch + 1, progress
             return epoch, schedule, progress
 
-    def _batches_from(self, start: int) -> Any:
+    def _batches_from(self, start: int) -> Iterator[Any]:
         """The epoch's batches (samples, with batch_size=None) from position ``start``."""
         if isinstance(self.batch_sampler, BatchSampler):
             return self.batch_sampler.batches_from(start, as_indices=True)

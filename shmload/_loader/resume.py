@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import numbers
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .._ordering.schedule import RoundRobinSchedule, SamplerSchedule
 from .._ordering.shuffle import StreamShuffle
@@ -223,7 +223,7 @@ def check_same_sharding(saved: Any, shard: tuple[int, int] | None) -> None:
 
 
 # ---------------------------------------------------------------- a resumed epoch's plan
-def plan_sampler_epoch(source: Any, batches_from: Callable[[int], Iterable[Any]], batched: bool,
+def plan_sampler_epoch(source: Any, batches_from: Callable[[int], Iterator[Any]], batched: bool,
                        resume: dict | None) -> tuple[SamplerSchedule, BatchProgress]:
     """The epoch's batches from the position a loaded state says (``resume``; None: from
     the start). ``source`` fixes the order (its state is saved); ``batches_from(start)``
@@ -286,7 +286,7 @@ class _List(NamedTuple):
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 _COUNT = "a non-negative int"

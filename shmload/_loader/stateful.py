@@ -35,7 +35,7 @@ class Stateful:
 
     if TYPE_CHECKING:  # DataLoader's
         def _sync_distributed(self, unshard: bool = False) -> None: ...
-        def _stream_shuffle(self) -> StreamShuffle | None: ...
+        def _stream_shuffle(self) -> StreamShuffle: ...
         def _note(self, message: str, category: type) -> None: ...
 
     def state_dict(self) -> dict:
@@ -139,9 +139,9 @@ class Stateful:
             return self.sampler.epoch
         return self._next_epoch
 
-    def _check_resume(self, cfg: LoaderConfig) -> None:
-        """Refuse at iter() what the loaded state cannot be resumed with."""
+    def _check_resume(self, cfg: LoaderConfig, resume: dict) -> None:
+        """Refuse at iter() what the loaded state ``resume`` cannot be resumed with."""
         if cfg.iterable:
-            _resume.check_streams(cfg.num_workers, self._resume)
-        elif self._resume["next_batch"] or self._resume["delivered_beyond"]:
-            _resume.check_unchanged(self._order_source, self._resume, _resume.capture(self._order_source))
+            _resume.check_streams(cfg.num_workers, resume)
+        elif resume["next_batch"] or resume["delivered_beyond"]:
+            _resume.check_unchanged(self._order_source, resume, _resume.capture(self._order_source))

@@ -102,7 +102,7 @@ class MultiprocessEpoch(Epoch):
                 raise ShmloadError(_TAKEN_OVER)
             for result in results:
                 if type(result) is Ended:
-                    self.schedule.ended(result.worker)  # no more draws from it
+                    self._sched.ended(result.worker)  # no more draws from it
                 self._reorder.put(result.seq, result)
             if results:
                 deadline = None
@@ -118,14 +118,14 @@ class MultiprocessEpoch(Epoch):
         if not session.worth_dispatching(session.outstanding - len(self._reorder)):
             return
         while not self._exhausted and len(self._reorder) < session.outstanding:
-            planned = self.schedule.peek()
+            planned = self._sched.peek()
             if planned is None:
                 self._exhausted = True
                 return
             if not self._send(planned):
                 return
             self._reorder.expect(planned.seq)
-            self.schedule.commit()
+            self._sched.commit()
 
     def _send(self, planned: Planned) -> bool:
         """Dispatch one batch: whole, or in spans where workers would otherwise idle
@@ -137,8 +137,8 @@ class MultiprocessEpoch(Epoch):
         if spans is LATER:
             return False
         if spans:
-            return session.try_dispatch_spans(self.epoch, planned.seq, planned.load, parts, spans)
-        return session.try_dispatch(self.epoch, planned.seq, planned.load, planned.worker, parts)
+            return session.try_dispatch_spans(self._number, planned.seq, planned.load, parts, spans)
+        return session.try_dispatch(self._number, planned.seq, planned.load, planned.worker, parts)
 
     def _yield(self, result: Any) -> Any:
         self.progress.record(result.seq, result.stream)
@@ -157,7 +157,7 @@ class MultiprocessEpoch(Epoch):
 
     def _timed_out(self) -> LoaderTimeoutError:
         missing = sorted(self._reorder.missing)
-        planned = self.schedule.peek()
+        planned = self._sched.peek()
         seq = missing[0] if missing else planned.seq if planned is not None else -1
         return LoaderTimeoutError(
             f"DataLoader timed out after {self._cfg.timeout:g} seconds waiting for batch {seq}: "

@@ -259,6 +259,7 @@ class Stream:
         shuffle = place.shuffle if place is not None else None
         self._shuffled = shuffle is not None and shuffle.shuffles  # (a buffer of one is the stream's own order)
         if self._shuffled:
+            assert place is not None and shuffle is not None  # (narrowed by the line above)
             self._begin_shuffled(restore, place, shuffle.buffer)
         else:
             if restore is not None and restore.state is not None:
@@ -288,14 +289,15 @@ class Stream:
 
     def _take(self, draw: Draw) -> Any:
         self._draws += 1
-        if self._ended:
+        it = self._it
+        if self._ended or it is None:  # (None only while ended: begin() sets it before it un-ends)
             return None
         try:
             if draw.size is None:
-                return next(self._it)
+                return next(it)
             # next() draw.size times, in C. Not islice(): it calls iter() on what it is
             # given, and a source that is its own iterator may start over in __iter__.
-            samples = list(map(next, itertools.repeat(self._it, draw.size)))
+            samples = list(map(next, itertools.repeat(it, draw.size)))
         except StopIteration:
             self._ended = True
             return None

@@ -18,7 +18,7 @@ class WorkerHandle:
     def __init__(self, wid: int, process: Any, channel: Channel):
         self.id = wid
         self.process = process
-        self.channel = channel
+        self.channel: Channel | None = channel  # None once closed (after it is no longer watched)
         self.pid = process.pid
         self.ready = False
         self.exited = False

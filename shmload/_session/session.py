@@ -26,16 +26,7 @@ from .._core import _signals
 from .._loading.worker import UserCode
 from .._transport import wire
 from .._transport.limits import default_bound
-from .._transport.messages import (
-    Done,
-    Exhausted,
-    Failed,
-    NeedSpace,
-    Ready,
-    Reassign,
-    StartupFailed,
-    Task,
-)
+from .._transport.messages import Done, Exhausted, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .._transport.ring import Ring, Slot, SlotState
 from .._transport.shm import Segment
 from ..errors import ShmloadError, WorkerStartupError, death_error
@@ -58,6 +49,8 @@ CLOSE_WAIT = 5.0
 
 
 class Session:
+    ring: Ring  # (declared: the pacing reads the bound of the ring made after it)
+
     def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None, profile: Any = None):
         self.cfg = cfg
         self.profile = profile  # the loader's Profile (profile.py), told when this session closes
@@ -81,13 +74,13 @@ class Session:
         self.recovery = Recovery(cfg.max_worker_restarts, restarts if restarts is not None else RestartBudget(),
                                  self.dispatcher, self.allocator, self._layouts, self.splits, self.give_back)
         self._maps = WorkerMappings(cfg.num_workers, cfg.shm_backend)
-        self.supervisor: Supervisor | None = None
+        self._supervisor: Supervisor | None = None  # None only while the session starts (supervisor)
         # From here on anything may raise, a Ctrl-C included: close() releases what exists.
         try:
             self._maps.open_board()
-            self.supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
-                                         UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn), cfg.stream_shuffle,
-                                         shm_backend=cfg.shm_backend)
+            self._supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
+                                          UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn),
+                                          cfg.stream_shuffle, shm_backend=cfg.shm_backend)
             for h in self.supervisor.workers:
                 self._maps.send_board(self.supervisor, h.id)
             if cfg.max_shm_bytes is None:
@@ -104,6 +97,12 @@ class Session:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def supervisor(self) -> Supervisor:
+        """The workers; a session that could not start them was closed as it raised."""
+        assert self._supervisor is not None, "a session's workers are started by its constructor"
+        return self._supervisor
 
     @property
     def board(self) -> Any:
@@ -124,7 +123,7 @@ class Session:
     # ------------------------------------------------------------ the profile's view (profiler.profile.ProfiledSession)
     def worker_pids(self) -> dict[int, int]:
         """Worker id -> pid of the live workers."""
-        return {h.id: h.pid for h in self.supervisor.workers if not h.exited} if self.supervisor else {}
+        return {h.id: h.pid for h in self._supervisor.workers if not h.exited} if self._supervisor else {}
 
     def profile_settings(self) -> tuple[int, int, int, int]:
         """(num_workers, tasks each worker may hold, ring slots, bytes per slot)."""
@@ -296,11 +295,12 @@ class Session:
                 self.allocator.wants(wid, msg)  # served by the next poll() or try_dispatch()
             return None
         entry = self.dispatcher.complete(wid, key)
+        layout, broken = None, None
         if kind is Done:
             try:  # every layout sent is loaded, a stale batch's too: the worker counts it as known
                 layout = self._layouts.load(wid, msg.layout_id, msg.layout)
             except Exception as exc:
-                layout = exc
+                broken = exc
         if stale or kind is not Done:
             self.give_back(entry.slot)
             if stale:
@@ -313,9 +313,9 @@ class Session:
             stream = (wid, msg.stream)
         if kind is Failed:
             return LoadFailed(msg.seq, msg.error.rebuild(failed_where(wid, msg.seq, entry.task.load)), stream)
-        if isinstance(layout, Exception):
+        if broken is not None:
             self.give_back(entry.slot)
-            return LoadFailed(msg.seq, unpicklable(wid, msg.seq, layout), stream)
+            return LoadFailed(msg.seq, unpicklable(wid, msg.seq, broken), stream)
         if entry.slot is not None:
             entry.slot.state = SlotState.READY
         return Loaded(msg.seq, entry.slot, layout, stream)
@@ -373,8 +373,8 @@ class Session:
         if self._cpu is None:
             self._cpu = self._workers_cpu()
         try:
-            if self.supervisor is not None:  # (None: the session's start was interrupted)
-                self.supervisor.shutdown()
+            if self._supervisor is not None:  # (None: the session's start was interrupted)
+                self._supervisor.shutdown()
         finally:
             try:
                 if self.profile is not None and self.board is not None:

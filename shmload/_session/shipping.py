@@ -22,7 +22,7 @@ class _NotingPickler(reduction.ForkingPickler):
     def __init__(self, *args: Any):
         super().__init__(*args)
         self.registered_reducer_ran = False
-        for cls, reduce in self._extra_reducers.items():
+        for cls, reduce in self._extra_reducers.items():  # type: ignore[attr-defined]  # (not in typeshed)
             self.dispatch_table[cls] = self._noting(reduce)
 
     def _noting(self, reduce: Any) -> Any:

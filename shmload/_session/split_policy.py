@@ -7,15 +7,20 @@ workers' queues and their measured pace. ``spans.py`` then sends what it decides
 
 from __future__ import annotations
 
+import enum
 import time
-from typing import Any
+from typing import Any, Literal
 
 from .._batching.parts import Span, plan_spans, tail_wait
 from .._loading.fetch import check_indices
 from .._ordering.schedule import Planned
 from .config import LoaderConfig
 
-LATER = object()  # SplitPolicy.spans: dispatch this batch later
+class Later(enum.Enum):
+    LATER = "dispatch this batch later"
+
+
+LATER = Later.LATER  # SplitPolicy.spans: dispatch this batch later
 HOLD_BACK_MIN = 0.005  # seconds: a batch loaded faster is never held back at an epoch's end (_fast)
 
 
@@ -27,7 +32,8 @@ class SplitPolicy:
         self.deadline: float | None = None  # until when a batch is held back (parts.tail_wait)
         self._pace: float | None = None  # the workers' seconds per sample, read at the epoch's end
 
-    def spans(self, planned: Planned, parts: int, on_their_way: int) -> list[tuple[int, Span]] | None | object:
+    def spans(self, planned: Planned, parts: int,
+              on_their_way: int) -> list[tuple[int, Span]] | None | Literal[Later.LATER]:
         """The ``(worker, Span)`` pairs to split a batch into; None to send it whole;
         :data:`LATER` to wait (``on_their_way``: batches dispatched and not yet yielded).
 

@@ -60,7 +60,7 @@ class Supervisor:
         self.ctx = ctx
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         self._control_segment: Segment | None = None
-        self.control: ControlBlock | None = None
+        self._control: ControlBlock | None = None
         # per worker: messages deferred to the next flush(), then records its task queue had
         # no room for yet (each a list of parts), oldest first
         self._outgoing: list[list] = [[] for _ in range(num_workers)]
@@ -79,7 +79,7 @@ class Supervisor:
             multiprocessing.forkserver.ensure_running()
         try:
             self._control_segment = Segment(-1, ControlBlock.size(num_workers), backend=shm_backend)
-            self.control = ControlBlock(self._control_segment.mmap, num_workers)
+            self._control = ControlBlock(self._control_segment.mmap, num_workers)
             for wid in range(num_workers):
                 # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
                 with _signals.start_window():
@@ -87,6 +87,12 @@ class Supervisor:
         except BaseException:
             self.shutdown()
             raise
+
+    @property
+    def control(self) -> ControlBlock:
+        """The workers' queues; a supervisor that could not make them shut down as it raised."""
+        assert self._control is not None, "the control block is made by the constructor"
+        return self._control
 
     def _start(self, wid: int, args: WorkerArgs) -> WorkerHandle:
         try:
@@ -111,23 +117,28 @@ class Supervisor:
         finally:
             theirs_conn.close()  # only the worker may hold its end, or EOF would never come
         _platform.register_parent_only_process(process)
-        handle = WorkerHandle(wid, process, Channel(ours))
+        channel = Channel(ours)
+        handle = WorkerHandle(wid, process, channel)
         handle.death_fd = _platform.death_watch(process)
         self._selector.register(handle.death_fd, selectors.EVENT_READ, handle)
         seg = self._control_segment
-        handle.channel.send(AttachControl(seg.size, self.control.areas[wid]), fd=seg.fd)
+        assert seg is not None, "workers start after the control block is made"
+        channel.send(AttachControl(seg.size, self.control.areas[wid]), fd=seg.fd)
         self._watch(handle)
         return handle
 
     def _watch(self, h: WorkerHandle, events: int | None = None) -> None:
         """Wait on ``h``'s socket for ``events`` (by default: writable while its outbox
         holds data, readable while it owes an announced frame; 0: not at all)."""
+        channel = h.channel
         if events is None:
-            events = ((_WRITE if h.channel.backlogged else 0) | (_READ if self._awaiting[h.id] else 0)
-                      if h.channel is not None and not h.channel.eof else 0)
+            events = ((_WRITE if channel.backlogged else 0) | (_READ if self._awaiting[h.id] else 0)
+                      if channel is not None and not channel.eof else 0)
         if events == h.events:
             return
-        fd = h.channel.fileno()
+        # (a closed channel is watched for nothing: _retire() unwatches it before _close_channel())
+        assert channel is not None, f"worker {h.id}'s closed socket is still watched"
+        fd = channel.fileno()
         if not events:
             self._selector.unregister(fd)
         elif not h.events:
@@ -143,18 +154,19 @@ class Supervisor:
         the others deferred for the same worker in one record: one wake-up of a sleeping
         worker for several tasks, instead of one each."""
         h = self.workers[wid]
-        if h.exited or h.channel is None or h.channel.eof:
+        channel = h.channel
+        if h.exited or channel is None or channel.eof:
             return  # poll() reports the death, with what the worker held
         if fd is not None:
-            h.channel.send_fd(fd)
+            channel.send_fd(fd)
         head, body = wire.encode_to_worker(msg)
         if len(head) + len(body) > self.control.tasks[wid].max_record:
-            h.channel.send(msg)  # by the socket, announced in the queue
+            channel.send(msg)  # by the socket, announced in the queue
             head, body = wire.NOTICE, b""
         self._outgoing[wid].append((head, body))
         if not defer:
             self._push(h)
-        if fd is not None or h.channel.backlogged:
+        if fd is not None or channel.backlogged:
             self._watch(h)
 
     def _push(self, h: WorkerHandle) -> None:
@@ -173,14 +185,15 @@ class Supervisor:
     def flush(self) -> None:
         """Send the deferred messages, and write what the sockets take."""
         for h in self.workers:
-            if h.exited or h.channel is None:
+            channel = h.channel
+            if h.exited or channel is None:
                 self._outgoing[h.id].clear()
                 self._overflow[h.id].clear()
                 continue
             if self._outgoing[h.id] or self._overflow[h.id]:
                 self._push(h)
-            if h.channel.backlogged:
-                h.channel.flush()
+            if channel.backlogged:
+                channel.flush()
                 self._watch(h)
 
     def restart(self, wid: int) -> WorkerHandle:
@@ -205,9 +218,10 @@ class Supervisor:
         return self.workers[wid]
 
     def _close_channel(self, h: WorkerHandle) -> None:
-        if h.channel is not None:
-            _platform.unregister_parent_only(h.channel.fileno())
-            h.channel.close()  # end-of-file for a worker still waiting for messages
+        channel = h.channel
+        if channel is not None:
+            _platform.unregister_parent_only(channel.fileno())
+            channel.close()  # end-of-file for a worker still waiting for messages
             h.channel = None
 
     def live(self) -> list[WorkerHandle]:
@@ -263,7 +277,7 @@ class Supervisor:
                 got.append((wid, record))
                 continue
             if not frames:
-                frames.extend(h.channel.receive())
+                frames.extend(_open(h).receive())
             if not frames:
                 self._awaiting[wid] = True
                 self._watch(h)
@@ -285,12 +299,13 @@ class Supervisor:
                 self._retire(h)
                 dead.append(h)
                 continue
+            channel = _open(h)  # (watched: its socket is open)
             if mask & _WRITE:
-                h.channel.flush()
+                channel.flush()
             if mask & _READ:
-                self._frames[h.id].extend(h.channel.receive())
+                self._frames[h.id].extend(channel.receive())
                 self._take(h, got)
-            self._watch(h, 0 if h.channel.eof else None)  # closed: wait for the death, which follows at once
+            self._watch(h, 0 if channel.eof else None)  # closed: wait for the death, which follows at once
         return dead
 
     def _take_last(self, h: WorkerHandle, got: list) -> None:
@@ -298,7 +313,7 @@ class Supervisor:
         them have arrived: nothing more can come), then any frame it sent unannounced
         (before it had mapped its queues)."""
         wid, frames = h.id, self._frames[h.id]
-        frames.extend(h.channel.receive())
+        frames.extend(_open(h).receive())
         self._take(h, got)
         while self._awaiting[wid]:  # announced, but the frame never came: nothing more can
             self._awaiting[wid] = False
@@ -323,8 +338,8 @@ class Supervisor:
             if h.channel is None:
                 continue
             try:
-                if not h.exited and self.control is not None:
-                    self.control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: the escalation below)
+                if not h.exited and self._control is not None:
+                    self._control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: the escalation below)
             finally:
                 if not h.exited:
                     self._retire(h)
@@ -338,8 +353,8 @@ class Supervisor:
                 getattr(h.process, escalate)()
             self._reap(TERM_TIMEOUT)
         self._selector.close()
-        if self.control is not None:
-            self.control.close()
+        if self._control is not None:
+            self._control.close()
         if self._control_segment is not None:
             self._control_segment.close()
 
@@ -371,6 +386,13 @@ class Supervisor:
     @property
     def pids(self) -> list[int]:
         return [h.pid for h in self.workers]
+
+
+def _open(h: WorkerHandle) -> Channel:
+    """Worker ``h``'s socket, while it is open: until its death has been taken in
+    (_take_last, then _retire) nothing closes it."""
+    assert h.channel is not None, f"worker {h.id}'s socket is closed"
+    return h.channel
 
 
 def owned_here(pid: int) -> bool:
