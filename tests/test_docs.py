@@ -355,3 +355,42 @@ def test_the_api_docs_argument_table_has_a_row_for_each_argument_and_no_other():
     assert sorted(documented) == sorted(parameters), (
         f"docs/api.md's argument table: missing {sorted(set(parameters) - set(documented))}, "
         f"not arguments {sorted(set(documented) - set(parameters))}, rows {len(documented)} for {len(parameters)}")
+
+
+_DOTTED = re.compile(r"`(shmload(?:\.\w+)+)")
+
+
+def unresolved_names(text: str) -> list[str]:
+    """The ``shmload.a.b`` names in code spans of ``text`` that do not import: the longest
+    module prefix is imported, the rest looked up as attributes."""
+    import importlib
+
+    missing = []
+    for name in sorted(set(_DOTTED.findall(text))):
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(name)
+            break
+        else:
+            missing.append(name)
+    return missing
+
+
+def test_a_name_that_does_not_import_is_found():
+    assert unresolved_names("`shmload.DataLoader` and `shmload.shuffle.parts_order(n)`, `shmload.nope`") == [
+        "shmload.nope", "shmload.shuffle.parts_order"]
+
+
+def test_every_shmload_name_the_docs_give_imports():
+    """A name a user copies from the docs (``shmload.records.RecordDataset``) must import
+    as written: the layers moved modules, and a doc naming an old path misleads."""
+    found = {path: unresolved_names(read(path)) for path in doc_paths()}
+    assert not any(found.values()), {os.path.relpath(p, ROOT): names for p, names in found.items() if names}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -180,3 +181,28 @@ def sizes() -> list[tuple[str, str, int, int]]:
 def test_no_module_class_or_function_is_too_long():
     over = sizes()
     assert not over, "\n".join(f"{kind} {where}: {n} lines, over {limit}" for kind, where, n, limit in over)
+
+
+# Names of files that are not ours: a user's script in an example.
+_NOT_OURS = {"mydata.py", "script.py", "_train.py"}
+
+
+def test_every_file_the_docs_and_docstrings_name_exists():
+    """"(ring.py)" in a docstring or a doc names one file of the repository: a module
+    renamed or split (iterable.py into sources.py and stream.py) must take its
+    references with it."""
+    repo = os.path.dirname(ROOT)
+    ours = set()  # a bare name is a module of the package or a test (others are named with their folder)
+    for top in (ROOT, os.path.join(repo, "tests")):
+        ours.update(f for _, _, files in os.walk(top) for f in files if f.endswith(".py"))
+    named = re.compile(r"(?<![\w/.-])([A-Za-z_]\w*\.py)\b")
+    texts = [os.path.join(repo, "README.md")] + [os.path.join(repo, "docs", f)
+                                                 for f in os.listdir(os.path.join(repo, "docs")) if f.endswith(".md")]
+    texts += [os.path.join(folder, f) for folder, _, files in os.walk(ROOT) for f in files if f.endswith(".py")]
+    missing = []
+    for path in texts:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                missing += [f"{os.path.relpath(path, repo)}:{n} {name}" for name in named.findall(line)
+                            if name not in ours and name not in _NOT_OURS]
+    assert not missing, "\n".join(missing)
