@@ -79,7 +79,7 @@ class Slot:
     __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch")
 
     def __init__(self, ring: Ring, segment: SegmentLike, offset: int, capacity: int):
-        self.ring = ring
+        self.ring: Ring | None = ring  # None once the ring is closed
         self.segment = segment
         self.offset = offset
         self.capacity = capacity
