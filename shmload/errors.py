@@ -211,7 +211,8 @@ def _printing(exc: BaseException, text: str) -> BaseException:
     something else): still caught by ``except ThatType``; a WorkerError if neither can."""
     if _prints(exc, text):
         return exc
-    printing = _printing_type(type(exc))
+    # (a class is hashable; mypy says type[BaseException] is not: python/typeshed#4638)
+    printing = _printing_type(type(exc))  # type: ignore[arg-type]
     if printing is not None:
         try:
             rebuilt = printing(text)

@@ -82,7 +82,8 @@ def _describe_value(value: Any) -> str:
 
 def _child_path(path: str, node_kind: str, key: Any, cls: type | None = None) -> str:
     if node_kind == "namedtuple" and cls is not None:
-        return f"{path}.{cls._fields[key]}"
+        fields: tuple[str, ...] = getattr(cls, "_fields")  # a namedtuple class's (no type says so)
+        return f"{path}.{fields[key]}"
     return f"{path}[{key!r}]"
 
 
@@ -302,10 +303,11 @@ class Batcher:
             raise CollateError(f"cannot batch field {path}: the Python int {bad} does not fit in int64, "
                                "which Python ints are batched as; return it as a str or a float instead.")
 
-    def specs(self, batch: int) -> tuple[list, int]:
+    def specs(self, batch: int) -> tuple[list[ArraySpec | None], int]:
         """Each leaf's ArraySpec (None for an object leaf) for ``batch`` samples, and the
         bytes they span: decided by the leaves' kinds alone, before any value is seen."""
-        specs, offset = [], 0
+        specs: list[ArraySpec | None] = []
+        offset = 0
         for kind in self.kinds:
             if kind[0] == "object":
                 specs.append(None)
@@ -315,8 +317,9 @@ class Batcher:
             else:
                 shape, dtype = ((batch,) + tuple(kind[1]) if self.stack else tuple(kind[1])), kind[2]
             offset = -(-offset // ALIGN) * ALIGN
-            specs.append(ArraySpec(offset, shape, dtype))
-            offset += specs[-1].nbytes
+            spec = ArraySpec(offset, shape, dtype)
+            specs.append(spec)
+            offset += spec.nbytes
         return specs, offset
 
     def plan(self, structure: Any, check_ints: bool = True) -> Plan:
@@ -327,7 +330,8 @@ class Batcher:
         self.mixed = {}
         batch = len(self.columns[0]) if self.columns else 0
         specs, nbytes = self.specs(batch)
-        leaves, sources = [], []
+        leaves: list[ArraySpec | ObjectValue] = []
+        sources: list[Any] = []
         for kind, column, path, spec in zip(self.kinds, self.columns, self.paths, specs):
             if check_ints and kind == ("scalar", int) and not (_INT64_MIN <= min(column) and max(column) <= _INT64_MAX):
                 self.check_int64(path, column)

@@ -125,7 +125,7 @@ class _Columns:
 
     def __init__(self, kinds: list):
         self.kinds = kinds
-        self.columns = [None] * len(kinds)
+        self.columns: list[list | None] = [None] * len(kinds)
 
 
 class _Cached(NamedTuple):
@@ -223,7 +223,7 @@ def _plan_stack_slowly(samples: Sequence[Any], indices: Sequence[int] | None) ->
 _shape, _dtype = attrgetter("shape"), attrgetter("dtype")
 
 
-def _transpose(node: Any, values: list, batcher: Batcher) -> bool:
+def _transpose(node: Any, values: list, batcher: Batcher | _Columns) -> bool:
     """Fill ``batcher.columns`` for ``node`` from ``values`` (one per sample); False if any
     check fails (the caller then takes the slow path)."""
     if type(node) is Leaf:

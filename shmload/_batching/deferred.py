@@ -81,8 +81,9 @@ class Batched:
 
 
 def _shapes(node: Any, path: str) -> Iterator[tuple[str, tuple]]:
-    if isinstance(node, tuple) and hasattr(type(node), "_fields"):
-        for field, value in zip(type(node)._fields, node):
+    cls = type(node)
+    if isinstance(node, tuple) and hasattr(cls, "_fields"):
+        for field, value in zip(cls._fields, node):
             yield from _shapes(value, f"{path}.{field}")
     elif isinstance(node, (tuple, list)):
         for i, value in enumerate(node):

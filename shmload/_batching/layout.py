@@ -52,7 +52,7 @@ class Leaf(NamedTuple):
 
 class Seq(NamedTuple):
     kind: str  # the batch's container: "list" | "tuple" | "namedtuple" | "copy" (of template)
-    cls: type  # what later samples must be: the namedtuple class, else tuple or list
+    cls: type[tuple | list]  # what later samples must be: the namedtuple class, else tuple or list
     children: tuple
     template: Any = None  # "copy": a Template (NOTE [ Batch containers ])
 

@@ -24,6 +24,7 @@ def fetch(dataset: Any, indices: Any, auto_batch: bool, cuts: Sequence[tuple[int
     if getitems is None:
         if not cuts:
             return [dataset[i] for i in indices]
+        assert reseed is not None, "cuts without a reseed"  # (load_batch makes them together)
         samples, start = [], 0
         for position, part in cuts:
             samples += [dataset[i] for i in indices[start:position]]

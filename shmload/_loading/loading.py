@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .._batching import parts as _parts
 from .._batching.collate import StackPlans, make_plan
@@ -109,7 +109,8 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
     seeding.seed_globals(src.seed, epoch, seq, src.rank, span.first if span is not None else 0)
     timer.to_other()
     timer.samples = len(load) if src.auto_batch else 1
-    cuts, reseed = (), None
+    cuts: Sequence[tuple[int, int]] = ()
+    reseed: Callable[[int], None] | None = None
     if parts > 1:
         cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
         reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
@@ -126,6 +127,7 @@ def _load_draw(src: BatchSource, epoch: int, draw: Draw, epoch_key: Any, timer: 
     def seed(number: int) -> None:
         seeding.seed_globals(src.seed, epoch, seeding.stream_position(number, src.worker, src.workers), src.rank)
 
+    assert src.stream is not None, "a Draw, but the source is not iterable"
     place = StreamPlace(epoch, src.seed, src.rank, src.worker, src.workers, src.shuffle)
     samples = src.stream.draw(epoch_key, draw, seed, place)
     if samples is None:

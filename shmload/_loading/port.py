@@ -54,7 +54,9 @@ class Port:
         """The next message from the task queue, sleeping until there is one (a large one
         is announced there and read from the socket)."""
         if not self.unread:
-            tasks = self.end.tasks
+            end = self.end
+            assert end is not None, "recv() before attach_control()"
+            tasks = end.tasks
             record = tasks.take()
             while record is None:
                 record = tasks.wait(WATCHDOG_INTERVAL)
@@ -90,16 +92,15 @@ class Port:
             return
         head, body = wire.encode_to_main(msg)
         if len(head) + len(body) > end.completions.max_record:
-            self.publish(wire.NOTICE, b"")  # first, so the main process reads while this sends
+            self.publish(end, wire.NOTICE, b"")  # first, so the main process reads while this sends
             self.send_frame(msg)
             return
-        self.publish(head, body)
+        self.publish(end, head, body)
 
     def send_frame(self, msg: Any) -> None:
         self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))  # plain data: no reducers needed
 
-    def publish(self, head: bytes, body: bytes) -> None:
-        end = self.end
+    def publish(self, end: WorkerEnd, head: bytes, body: bytes) -> None:
         while not end.publish(head, body):
             end.completions.wait_for_room(WATCHDOG_INTERVAL)
             if os.getppid() != self.parent:

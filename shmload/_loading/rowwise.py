@@ -30,6 +30,7 @@ import numpy as np
 from .._batching.batcher import Batcher, Plan
 from .._batching.collate import plan_stack_after_first, write_one
 from .._batching.layout import ArraySpec, slot_destination
+from .._batching.parts import Span
 from .fetch import check_indices
 
 # Below this, fetching the whole batch first costs nothing worth avoiding, and the
@@ -52,7 +53,7 @@ def applies(dataset: Any, collate_fn: Any, auto_batch: bool, indices: Any, plans
 def load_rowwise(dataset: Any, indices: Sequence[Any], timer: Any,
                  space: Callable[[int], np.ndarray | None], plans: Any = None,
                  cuts: Sequence[tuple[int, int]] = (), reseed: Callable[[int], None] | None = None,
-                 span: Any = None, bound: int | None = None) -> Plan | None:
+                 span: Span | None = None, bound: int | None = None) -> Plan | None:
     """Load the batch at ``indices``: its plan, with its arrays written already into
     ``space(nbytes)`` (the slot, as a uint8 array; None if the batch was given up while
     waiting for one: then so is this call, None). If its samples are small, they are
@@ -99,6 +100,7 @@ def _fetched(dataset: Any, indices: Sequence[Any], cuts: Sequence[tuple[int, int
         if timer is not None:
             timer.to_collate()
         if pos in parts:
+            assert reseed is not None, "cuts without a reseed"  # (load_batch makes them together)
             reseed(parts[pos])
         sample = dataset[indices[pos]]
         if timer is not None:
@@ -110,13 +112,15 @@ def _fetched(dataset: Any, indices: Sequence[Any], cuts: Sequence[tuple[int, int
 class RowwiseBatch:
     """The layout a batch will have, known from its first sample."""
 
-    def __init__(self, first: Any, indices: Sequence[int], span: Any = None):
+    def __init__(self, first: Any, indices: Sequence[int], span: Span | None = None):
         self._batcher = Batcher(True, indices)
         self._structure = self._batcher.first(first, "sample")
         rows, self._start = (len(indices), 0) if span is None else (span.rows, span.start)
-        self._specs, self.nbytes = self._batcher.specs(rows)  # (a span: the whole batch's, as layout.widened)
-        self._arrays = [i for i, kind in enumerate(self._batcher.kinds) if kind[0] == "array"]
-        self.sample_bytes = sum(self._specs[i].nbytes for i in self._arrays) // max(1, rows)
+        specs, self.nbytes = self._batcher.specs(rows)  # (a span: the whole batch's, as layout.widened)
+        # the array leaves' specs by leaf (an array leaf has one: only an object leaf's is None)
+        self._arrays = {i: spec for i, (kind, spec) in enumerate(zip(self._batcher.kinds, specs))
+                        if kind[0] == "array" and spec is not None}
+        self.sample_bytes = sum(spec.nbytes for spec in self._arrays.values()) // max(1, rows)
         self._count = len(indices)
 
     def write(self, destination: Callable[[ArraySpec], np.ndarray], rest: Iterable[Any]) -> Plan:
@@ -124,7 +128,7 @@ class RowwiseBatch:
         ``destination``; the returned plan's array leaves are written already."""
         b = self._batcher
         start = self._start
-        views = {i: destination(self._specs[i])[start:start + self._count] for i in self._arrays}
+        views = {i: destination(spec)[start:start + self._count] for i, spec in self._arrays.items()}
         self._take(views, 0)
         pos = 0
         for pos, sample in enumerate(rest, 1):

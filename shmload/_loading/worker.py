@@ -102,7 +102,9 @@ class WorkerArgs(NamedTuple):
     seed: int
     rank: int
     auto_batch: bool
-    user: UserCode | bytes  # bytes: pickled in the main process (spawn, forkserver)
+    # a UserCode under fork; under spawn and forkserver the main process gives a PerWorker
+    # (_session/shipping.py), which pickles into the bytes this worker gets (unpickled in start())
+    user: Any
     conn: Any  # this worker's end of its socket to the main process
     stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffling (shuffle.py)
 
@@ -164,7 +166,8 @@ class _WorkerLoop:
         self.timer = BatchTimer()
         self.recording = False
         self.stream: Stream | None = None  # an iterable source's (stream.py)
-        self.source: BatchSource | None = None  # what batches are loaded from (loading.py), once started
+        # what batches are loaded from (loading.py): set by start(), and run() follows only a start() that succeeded
+        self.source: BatchSource
         self.task: Task | None = None  # the task at hand, and the slot it is to be written into
         self.slot: SlotRef | None = None
         self.torch_info = False  # has torch's get_worker_info() been told about this worker?
@@ -176,16 +179,17 @@ class _WorkerLoop:
         a = self.args
         try:
             self.port.attach_control()
-            self.user = pickle.loads(a.user) if isinstance(a.user, bytes) else a.user
-            _worker_info = WorkerInfo(a.worker_id, a.num_workers, a.seed, self.user.dataset)
-            self.share_info_with_torch()
+            user: UserCode = pickle.loads(a.user) if isinstance(a.user, bytes) else a.user
+            self.user = user
+            _worker_info = WorkerInfo(a.worker_id, a.num_workers, a.seed, user.dataset)
+            self.share_info_with_torch(user.dataset)
             limit_torch_threads()
             seeding.seed_worker(a.seed, a.worker_id)
-            if self.user.worker_init_fn is not None:
-                self.user.worker_init_fn(a.worker_id)
-            if is_iterable_source(self.user.dataset):
-                self.stream = Stream(self.user.dataset)  # calls reset_state(), after worker_init_fn
-            self.source = BatchSource(self.user.dataset, self.user.collate_fn, a.auto_batch, a.seed, a.rank,
+            if user.worker_init_fn is not None:
+                user.worker_init_fn(a.worker_id)
+            if is_iterable_source(user.dataset):
+                self.stream = Stream(user.dataset)  # calls reset_state(), after worker_init_fn
+            self.source = BatchSource(user.dataset, user.collate_fn, a.auto_batch, a.seed, a.rank,
                                       self.stream, a.worker_id, a.num_workers, StackPlans(), a.stream_shuffle)
         except Exception as exc:
             self.send(StartupFailed(a.worker_id, RemoteError.capture(exc)))
@@ -193,12 +197,12 @@ class _WorkerLoop:
         self.send(Ready(a.worker_id, os.getpid()))
         return True
 
-    def share_info_with_torch(self) -> None:
+    def share_info_with_torch(self, dataset: Any) -> None:
         """Tell torch's ``get_worker_info()`` too, once torch is imported (checked again at
         every draw's epoch start: a dataset may import torch late)."""
         if not self.torch_info:
             a = self.args
-            self.torch_info = share_worker_info_with_torch(a.worker_id, a.num_workers, a.seed, self.user.dataset)
+            self.torch_info = share_worker_info_with_torch(a.worker_id, a.num_workers, a.seed, dataset)
 
     # ------------------------------------------------------------ messages
     def recv(self) -> Any:
@@ -264,7 +268,7 @@ class _WorkerLoop:
         src, load = self.source, task.load
         draw = type(load) is Draw
         if draw and not self.torch_info:
-            self.share_info_with_torch()
+            self.share_info_with_torch(src.dataset)
         point = None
         try:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
@@ -278,16 +282,23 @@ class _WorkerLoop:
             if plan is None:
                 return  # its epoch was abandoned while it waited for a slot
             if draw:
-                point = self.stream.point()
+                point = self.drawn().point()
         except Exception as exc:
-            self.fail(task, exc, self.stream.point(failed=True) if draw else None)
+            self.fail(task, exc, self.drawn().point(failed=True) if draw else None)
             return
         self.place(task, plan, point)
 
+    def drawn(self) -> Stream:
+        """The stream a Draw is from: only an iterable source's tasks are draws."""
+        assert self.stream is not None, "a Draw, but the source is not iterable"
+        return self.stream
+
     def load_rowwise(self, indices: Any, timer: BatchTimer, cuts: Any, reseed: Any, bound: int | None) -> Plan | None:
         """The batch written row by row into its slot as it is fetched (rowwise.py)."""
+        task = self.task
+        assert task is not None, "load_rowwise() outside load()"  # called back by load_batch, from load()
         return rowwise.load_rowwise(self.source.dataset, indices, timer, self.slot_space, self.source.plans, cuts,
-                                    reseed, self.task.span, bound)
+                                    reseed, task.span, bound)
 
     def slot_space(self, nbytes: int) -> Any:
         """The slot of the batch at hand as a uint8 array holding ``nbytes``: the task's,
@@ -299,6 +310,7 @@ class _WorkerLoop:
         """The batch at hand's slot if it holds ``nbytes``, else a larger one asked for
         (None: the epoch was abandoned meanwhile)."""
         task = self.task
+        assert task is not None, "slot_for() outside load()"  # (from place(), or rowwise's slot_space)
         while self.slot is None or nbytes > self.slot.capacity:
             self.send(NeedSpace(task.iteration, task.seq, nbytes))
             self.slot = self.await_reassign(task.iteration, task.seq)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import types
-from typing import Any, Callable, Iterator, Sized, Union
+from typing import Any, Callable, Iterator, Sized, Union, overload
 
 import numpy as np
 
@@ -66,6 +66,11 @@ class Order:
 
     def __len__(self) -> int:
         return self.length
+
+    @overload
+    def __getitem__(self, key: slice) -> Order: ...
+    @overload
+    def __getitem__(self, key: int) -> int: ...
 
     def __getitem__(self, key: slice | int) -> Order | int:
         if isinstance(key, slice):
@@ -159,7 +164,8 @@ class EpochSampler:
     (``_state_keys``), and what loading checks or takes besides the epoch (``_load``).
     """
 
-    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # Sampler[int] in annotations, as torch's
+        return types.GenericAlias(cls, item)
 
     # ``_order()`` returns the epoch's order (an Order or an array), which BatchSampler
     # slices (NOTE [ Orders are computed a slice at a time ]) for the classes that set
@@ -210,7 +216,7 @@ class SeededSampler(EpochSampler):
     """An :class:`EpochSampler` whose order is fixed by ``seed`` and the epoch; its state
     holds the seed."""
 
-    _state_keys = ("seed", "epoch", "length")
+    _state_keys: tuple[str, ...] = ("seed", "epoch", "length")
 
     def __init__(self, data_source: Sized, seed: int = 0):
         check_int("seed", seed, 0)
@@ -258,7 +264,8 @@ class BatchSampler:
     The last, shorter batch is kept unless ``drop_last``.
     """
 
-    __class_getitem__ = classmethod(types.GenericAlias)  # Sampler[int] in annotations, as torch's
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # Sampler[int] in annotations, as torch's
+        return types.GenericAlias(cls, item)
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool):
         check_int("batch_size", batch_size, 1)

@@ -161,7 +161,8 @@ class ShuffleBuffer:
         self.read = 0  # samples read from the source
         self.emitted = 0  # steps made: samples emitted
         self.end: int | None = None  # the source's length, once it ended
-        self._block, self._picks = -1, []
+        self._block = -1
+        self._picks: list[int] = []  # block_picks(key, _block)
         self._oldest: int | None = 0  # min(_positions), or None if it must be computed again
         self.gone = 0  # placeholders still in the buffer (resumed)
 

@@ -295,6 +295,7 @@ class WorkerEnd:
     """A worker's view of its area: it takes tasks and publishes completions."""
 
     def __init__(self, mm: Any, area: Area):
+        self._anchor: np.ndarray | None
         self._anchor, address = _address(mm)
         self.tasks = Consumer(_Queue(mm, area.tasks, area.task_bytes, address))
         self.completions = Producer(_Queue(mm, area.completions, area.completion_bytes, address))
@@ -309,6 +310,7 @@ class WorkerEnd:
         return True
 
     def close(self) -> None:
+        # a closed end is never used again: its queues let go of the mapping
         self.tasks = self.completions = None  # type: ignore[assignment]
         self._anchor = None
 
@@ -320,6 +322,7 @@ class ControlBlock:
         self.areas, size = layout_areas(workers)
         if len(mm) < size:
             raise ValueError(f"control segment of {len(mm)} bytes, {size} needed")
+        self._anchor: np.ndarray | None
         self._anchor, address = _address(mm)
         self.bell = Semaphore(address)
         self.bell.init(0)

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import enum
 import mmap
+import weakref
 from operator import attrgetter, countOf
-from typing import Callable, Protocol
+from typing import Callable, Generic, Protocol, TypeVar
 
 from .._core._units import binary_size
 from ..errors import RingFullError, SharedMemoryError
@@ -60,6 +61,10 @@ class SegmentLike(Protocol):
     def close(self) -> None: ...
 
 
+# the segment type a ring is made with (shm.Segment; a fake in the unit tests)
+SegmentT = TypeVar("SegmentT", bound=SegmentLike)
+
+
 def page_round(nbytes: int) -> int:
     return max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
 
@@ -75,17 +80,17 @@ _state = attrgetter("state")
 _STATES = tuple((state.value, state) for state in SlotState)
 
 
-class Slot:
+class Slot(Generic[SegmentT]):
     __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch")
 
-    def __init__(self, ring: Ring, segment: SegmentLike, offset: int, capacity: int):
-        self.ring = ring
+    def __init__(self, ring: Ring[SegmentT], segment: SegmentT, offset: int, capacity: int):
+        self.ring: Ring[SegmentT] | None = ring  # None once the ring is closed
         self.segment = segment
         self.offset = offset
         self.capacity = capacity
         self.state = SlotState.FREE
         self.retired = False
-        self.watch = None  # the weakref that reports the batch's release (see lifetime.py)
+        self.watch: weakref.ref | None = None  # the weakref that reports the batch's release (see lifetime.py)
 
     @property
     def ref(self) -> SlotRef:
@@ -95,12 +100,12 @@ class Slot:
         return f"Slot(segment={self.segment.id}, offset={self.offset}, {self.state.value})"
 
 
-class Ring:
-    def __init__(self, make_segment: Callable[[int, int], SegmentLike], target_slots: int | Callable[[int], int],
+class Ring(Generic[SegmentT]):
+    def __init__(self, make_segment: Callable[[int, int], SegmentT], target_slots: int | Callable[[int], int],
                  max_bytes: int,
                  bound_source: str = "max_shm_bytes",
-                 on_attach: Callable[[SegmentLike], None] = lambda seg: None,
-                 on_detach: Callable[[SegmentLike], None] = lambda seg: None):
+                 on_attach: Callable[[SegmentT], None] = lambda seg: None,
+                 on_detach: Callable[[SegmentT], None] = lambda seg: None):
         self._make_segment = make_segment
         # the target number of slots, for a given slot size (the prefetch depth may depend on it)
         self._target_for = target_slots if callable(target_slots) else (lambda slot_bytes: target_slots)
@@ -109,12 +114,12 @@ class Ring:
         self.bound_remedy = "max_shm_bytes="  # what raises it, for error messages
         self._on_attach, self._on_detach = on_attach, on_detach
         self.slot_bytes = 0  # 0 until the first batch (or slot_bytes=) sizes the ring
-        self._segments: dict[int, SegmentLike] = {}
+        self._segments: dict[int, SegmentT] = {}
         self._live: dict[int, int] = {}  # segment id -> slots not yet dropped
         self._given_back: dict[int, int] = {}  # segment id -> bytes of its dropped slots released
-        self._retired: list[Slot] = []  # retired slots still busy (a batch in them, or on its way)
-        self._free: list[Slot] = []
-        self._slots: list[Slot] = []
+        self._retired: list[Slot[SegmentT]] = []  # retired slots still busy (a batch in them, or on its way)
+        self._free: list[Slot[SegmentT]] = []
+        self._slots: list[Slot[SegmentT]] = []
         self._next_id = 0
 
     @property
@@ -144,7 +149,7 @@ class Ring:
         gave back."""
         return sum(seg.size for seg in self._segments.values()) - sum(self._given_back.values())
 
-    def segments(self) -> list:
+    def segments(self) -> list[SegmentT]:
         """Every mapped segment, retired ones that still hold busy slots included."""
         return list(self._segments.values())
 
@@ -168,11 +173,11 @@ class Ring:
         """Is a task in flight with a slot of an older size (one a worker may not fit)?"""
         return bool(self._retired) and any(slot.state is SlotState.FILLING for slot in self._retired)
 
-    def slots_in(self, state: SlotState) -> list[Slot]:
+    def slots_in(self, state: SlotState) -> list[Slot[SegmentT]]:
         return [s for s in self._slots if s.state is state]
 
     # ------------------------------------------------------------ taking and returning
-    def take(self, nbytes: int = 0) -> Slot | None:
+    def take(self, nbytes: int = 0) -> Slot[SegmentT] | None:
         """A free slot holding at least ``nbytes``, now FILLING; None if there is none."""
         for i in range(len(self._free) - 1, -1, -1):  # newest first: its pages are warm
             if self._free[i].capacity >= nbytes:
@@ -181,7 +186,7 @@ class Ring:
                 return slot
         return None
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Slot[SegmentT]) -> None:
         if slot.ring is not self:
             return  # a batch from a ring that has since been closed
         if slot.state is SlotState.FREE:
@@ -193,7 +198,7 @@ class Ring:
         else:
             self._free.append(slot)
 
-    def _drop(self, slot: Slot) -> None:
+    def _drop(self, slot: Slot[SegmentT]) -> None:
         """A retired slot is free: it goes, and its pages with it (NOTE [ What counts
         against the bound ]); the segment goes with its last slot."""
         self._slots.remove(slot)

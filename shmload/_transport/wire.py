@@ -51,18 +51,19 @@ def _pickled(msg: Any) -> bytes:
 def encode_task(task: Task) -> tuple[bytes, Any]:
     """The record of ``task``: its header, and the load's bytes (a buffer, not copied)."""
     load = task.load
-    kind, payload = _LOAD_PICKLE, None
+    ints: memoryview | None = None  # the load's int64s, if it is sent as such
     if type(load) is Indices:
-        kind, payload = _LOAD_INTS, np.ascontiguousarray(load.array)  # (a strided shard's slice: copied)
+        ints = np.ascontiguousarray(load.array).data  # (a strided shard's slice: copied)
     elif type(load) is list and load and countOf(map(type, load), int) == len(load):
         try:
-            kind, payload = _LOAD_INTS, array.array("q", load)
+            ints = memoryview(array.array("q", load))
         except OverflowError:  # beyond int64: pickled
             pass
-    if payload is None:
-        payload = pickle.dumps(load, pickle.HIGHEST_PROTOCOL)
+    payload: bytes | memoryview
+    if ints is None:
+        kind, payload = _LOAD_PICKLE, pickle.dumps(load, pickle.HIGHEST_PROTOCOL)
     else:
-        payload = memoryview(payload).cast("B")
+        kind, payload = _LOAD_INTS, ints.cast("B")
     slot = task.slot if task.slot is not None else _NO_SLOT
     return _TASK.pack(TASK, kind, task.parts, task.iteration, task.epoch, task.seq, *slot), payload
 
@@ -104,7 +105,8 @@ def unbundle(record: bytes) -> list[memoryview | bytes]:
     """The messages of a record (one, unless it is a bundle)."""
     if record[0] != BUNDLE:
         return [record]
-    view, pos, out = memoryview(record), 1, []
+    view, pos = memoryview(record), 1
+    out: list[memoryview | bytes] = []
     while pos < len(record):
         (n,) = _PART.unpack_from(record, pos)
         out.append(view[pos + _PART.size:pos + _PART.size + n])

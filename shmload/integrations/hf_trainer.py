@@ -101,7 +101,8 @@ class ShmloadCheckpoint:
     # alike: ShmloadCheckpoint() is an instance of both, and the ImportError becomes an
     # OptionalDependencyError at construction.
     def __new__(cls, *args: Any, **kwargs: Any) -> ShmloadCheckpoint:
-        return super().__new__(_as_trainer_callback(cls))
+        # (a class is hashable; mypy says this one is not: python/typeshed#4638)
+        return super().__new__(_as_trainer_callback(cls))  # type: ignore[arg-type]
 
     def __init__(self) -> None:
         self.loader: DataLoader | None = None
@@ -127,6 +128,9 @@ class ShmloadCheckpoint:
         self._take(state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._position is None:
+            raise RuntimeError(f"ShmloadCheckpoint: the Trainer saves step {state.global_step}, but the loader's "
+                               "state was never taken (was on_train_begin not called?)")
         step, saved = self._position
         if step != state.global_step:
             raise RuntimeError(f"ShmloadCheckpoint: the Trainer saves step {state.global_step}, but the loader's "
@@ -142,6 +146,9 @@ class ShmloadCheckpoint:
             _ARMED.discard(self.loader)
 
     def _take(self, global_step: int) -> None:
+        if self.loader is None:
+            raise RuntimeError(f"ShmloadCheckpoint: step {global_step} ended, but no loader was given to the callback "
+                               "(was on_train_begin not called?)")
         state = self.loader.state_dict()
         try:
             text = json.dumps(state)
@@ -232,7 +239,7 @@ def _wrap_skip(original: Any) -> Any:
         check_skip(dataloader.state_dict(), num_batches)
         return dataloader
 
-    skip_first_batches.shmload_wrapped = True
+    setattr(skip_first_batches, "shmload_wrapped", True)  # (the mark read above; no type has it)
     return skip_first_batches
 
 

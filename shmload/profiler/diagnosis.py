@@ -139,7 +139,7 @@ def diagnose(s: LoaderStats) -> str:
     busy = sum(stages.values())
     if not s.workers or busy <= 0:
         return "diagnosis: no worker time recorded in this window yet."
-    top = max(stages, key=stages.get)
+    top = max(stages, key=stages.__getitem__)
     share = stages[top] / busy
     stage_line = (f"The workers spend {100 * share:.0f}% of their busy time in {top} "
                   f"({1000 * stages[top] / max(1, sum(w.batches for w in s.workers)):.2f} ms a batch).")

@@ -78,7 +78,7 @@ class ConsumerClock:
         self._left: float | None = None
         # entered, left, bytes delivered, the step before it (0.0 after an epoch's end)
         self.calls = np.zeros((CALLS, 4))
-        self._buffer = memoryview(self.calls).cast("B")
+        self._buffer = self.calls.data.cast("B")
         self.count = 0
         self._stored = np.zeros(4)  # batches, bytes, stall, step of calls before _covered
         self._covered = 0

@@ -166,7 +166,8 @@ class LoaderStats:
     def own_cpu(self) -> float | None:
         """CPU seconds of this loader's processes (main and workers) in the window."""
         cpus = [self.main.cpu] + [w.cpu for w in self.workers if w.id >= 0]  # in-process loading is main's
-        return None if any(c is None for c in cpus) else sum(cpus)
+        known = [c for c in cpus if c is not None]
+        return sum(known) if len(known) == len(cpus) else None
 
     def other_cores(self) -> float | None:
         """Cores used on average by other programs in the window: the machine's CPU on the
@@ -267,10 +268,10 @@ def format_table(s: LoaderStats) -> str:
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),
     ]
-    others = s.other_cores()
-    if others is not None:
+    others, own = s.other_cores(), s.own_cpu()
+    if others is not None and own is not None and s.machine_cpu is not None:  # (others is None without both)
         lines.append(f"cores: the {s.cores} usable cores were {100 * s.machine_cpu / s.duration / s.cores:.0f}% busy: "
-                     f"this loader {s.own_cpu() / s.duration:.2f} cores, other programs {others:.2f}")
+                     f"this loader {own / s.duration:.2f} cores, other programs {others:.2f}")
     lines += [
         "",
         f"{'':<18}{'batches':>8}{'busy':>7}{'ms/batch: wait':>16}{'fetch':>8}{'collate':>9}{'other':>8}"

@@ -114,10 +114,10 @@ class RecordDataset:
                 f"the part ({self._part_sizes[part] if part < len(self._part_sizes) else 'no such part'}): the index "
                 "is corrupt")
         view = np.frombuffer(self._part(part), np.uint8, length, offset)
-        if self.verify_samples and zlib.crc32(view) != int(crc):
+        if self.verify_samples and zlib.crc32(view.data) != int(crc):
             raise fmt.RecordCorruptError(
                 f"sample {i} of {self.path!r} is corrupt: its bytes {offset}..{offset + length} in part "
-                f"{fmt.part_name(part)} have CRC-32 {zlib.crc32(view):08x}, but {int(crc):08x} was written")
+                f"{fmt.part_name(part)} have CRC-32 {zlib.crc32(view.data):08x}, but {int(crc):08x} was written")
         return view
 
     def __getitem__(self, i: int) -> Any:

@@ -42,7 +42,7 @@ class _Share(NamedTuple):
     (with part numbers local to the share) and field values."""
 
     parts: list[tuple[str, int, int]]
-    index: np.ndarray
+    index_rows: np.ndarray  # (not ``index``, which would hide tuple.index)
     fields: dict[str, np.ndarray]
 
 
@@ -164,8 +164,9 @@ def _add_to_pool_counter(n: int) -> None:
 
 
 def _pool_share(args: tuple) -> _Share:
-    source, start, stop, *rest = args
-    return _write_share(_indexed(source, start, stop), stop - start, *rest, advance=_add_to_pool_counter)
+    source, start, stop, tmp_dir, share, part_bytes, specs = args  # (a job of _write_shares)
+    return _write_share(_indexed(source, start, stop), stop - start, tmp_dir, share, part_bytes, specs,
+                        advance=_add_to_pool_counter)
 
 
 def write(source: Any, out_dir: str | os.PathLike, *, part_bytes: int = fmt.DEFAULT_PART_BYTES, workers: int = 0,
@@ -254,7 +255,7 @@ def _write_shares(source: Any, total: int, tmp_dir: str, part_bytes: int, specs:
 
 def _finish(shares: list[_Share], tmp_dir: str, total: int, specs: list[FieldSpec], classes: list[str] | None) -> None:
     """Number the parts in order, join the index and fields, write the metadata last."""
-    parts_meta = []
+    parts_meta: list[dict[str, Any]] = []
     index_parts = []
     for share in shares:
         first = len(parts_meta)
@@ -262,7 +263,7 @@ def _finish(shares: list[_Share], tmp_dir: str, total: int, specs: list[FieldSpe
             name = fmt.part_name(len(parts_meta))
             os.rename(tmp_name, os.path.join(tmp_dir, name))
             parts_meta.append({"name": name, "bytes": size, "crc32": crc})
-        rows = share.index.copy()
+        rows = share.index_rows.copy()
         rows["part"] += first
         index_parts.append(rows)
     index = np.concatenate(index_parts) if index_parts else np.zeros(0, fmt.INDEX_DTYPE)

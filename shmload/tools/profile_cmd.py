@@ -135,11 +135,14 @@ def _exec_file(module_name: str) -> Any:
     if not os.path.isfile(path):
         raise CommandError(f"no Python file at {path}; give the path of a .py file, or a module name")
     name = os.path.splitext(os.path.basename(path))[0]
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # (a suffix Python does not load, such as .txt)
+        raise CommandError(f"{path} is not a Python file; give the path of a .py file, or a module name")
+    module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # workers started with spawn import it by this name
     sys.path.insert(0, os.path.dirname(path))
     try:
-        module.__spec__.loader.exec_module(module)
+        spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
@@ -292,7 +295,7 @@ def contention_warning(results: dict[int, LoaderStats]) -> str | None:
     flagged = {n: s.other_cores() or 0.0 for n, s in results.items() if s.contention()}
     if not flagged:
         return None
-    worst = max(flagged, key=flagged.get)
+    worst = max(flagged, key=flagged.__getitem__)
     runs = ", ".join(map(str, sorted(flagged)))
     return (f"other programs used up to {flagged[worst]:.2f} of the {results[worst].cores} usable cores during the "
             f"runs (num_workers={runs}): the recommendation may be too low; run again on a quiet machine")

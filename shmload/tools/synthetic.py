@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -71,7 +71,8 @@ def photo(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     from PIL import Image, ImageDraw, ImageFilter
 
     coarse = rng.integers(0, 256, (max(2, height // 48), max(2, width // 48), 3), dtype=np.uint8)
-    img = Image.fromarray(coarse).resize((width, height), Image.BICUBIC)
+    # (Pillow sets Image.BICUBIC in a loop, unseen by type checkers; Image.Resampling needs Pillow 9.1)
+    img = Image.fromarray(coarse).resize((width, height), Image.BICUBIC)  # type: ignore[attr-defined]
     draw = ImageDraw.Draw(img)
     for _ in range(int(rng.integers(3, 8))):
         x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
@@ -119,6 +120,7 @@ def image_folder(root: str | os.PathLike, count: int = 2000, size: tuple[int, in
     live = progress and sys.stderr.isatty()
     if progress and not live:
         print(f"writing {count} synthetic JPEGs to {root} (once)", file=sys.stderr, flush=True)
+    finished: Iterator[None]
     if procs == 1:
         finished = map(_write_photos, jobs)
     else:

@@ -53,6 +53,8 @@ class TrainPipeline:
         self.mean = mean_arr.astype(np.float32).reshape(3, 1, 1)
         self.inv_std = (1.0 / std_arr).astype(np.float32).reshape(3, 1, 1)
         h, w = self.size
+        self.shape: tuple[int, int, int]
+        self.dtype: np.dtype
         self.shape, self.dtype = ((h, w, 3), np.dtype(np.uint8)) if output == "uint8-hwc" else \
             ((3, h, w), np.dtype(np.float32))
 

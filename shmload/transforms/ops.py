@@ -75,8 +75,8 @@ class Compose:
     def reduced_decode(self) -> bool | None:
         """The first decoding step's ``reduced_decode`` (None if none says): what the
         profiler reads to name the decode stage (profiler/stats.py)."""
-        return next((t.reduced_decode for t in self.transforms if isinstance(getattr(t, "reduced_decode", None), bool)),
-                    None)
+        says = (getattr(t, "reduced_decode", None) for t in self.transforms)
+        return next((reduced for reduced in says if isinstance(reduced, bool)), None)
 
     def __repr__(self) -> str:
         return "Compose([" + ", ".join(map(repr, self.transforms)) + "])"
@@ -168,7 +168,8 @@ class CenterCrop:
             out[max(-top, 0):max(-top, 0) + src.shape[0], max(-left, 0):max(-left, 0) + src.shape[1]] = src
             return out
         img = as_pil(img, "CenterCrop")
-        return img.crop(params.center_crop_box(*img.size, crop_h, crop_w))
+        width, height = img.size
+        return img.crop(params.center_crop_box(width, height, crop_h, crop_w))
 
     def __repr__(self) -> str:
         return f"CenterCrop(size={self.size})"
