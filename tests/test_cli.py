@@ -107,6 +107,14 @@ def test_profile_of_a_missing_python_file_names_the_path(tmp_path, capsys):
                         r"or a module name", line)
 
 
+def test_profile_of_a_file_python_cannot_load_says_so(tmp_path, capsys):
+    (tmp_path / "data.txt").write_text("def make(): return [1, 2, 3]\n")
+    line = one_error_line(capsys, 2, ["profile", f"{tmp_path}/data.txt:make"])
+    assert re.fullmatch(r"shmload profile: .*data\.txt is not a Python file; give the path of a \.py file, "
+                        r"or a module name", line)
+    assert "data" not in sys.modules  # (nothing left behind under the file's name)
+
+
 def test_a_factory_that_raises_is_named_with_its_exception(user_module, capsys):
     line = one_error_line(capsys, 2, ["profile", f"{user_module}:fails"])
     assert re.fullmatch(r"shmload profile: .*userdata_cli\.py:fails raised ValueError: no data here; "

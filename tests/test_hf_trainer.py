@@ -264,3 +264,18 @@ def test_a_position_counts_the_batches_handed_out_beyond_the_next_one():
     assert hf_trainer.delivered_batches({"kind": "iterable", "streams": []}) is None
     hf_trainer.check_skip({"kind": "iterable", "epoch": 0}, 7)  # a stream's position is not checked
     hf_trainer.check_skip({"kind": "map", "epoch": 0, "next_batch": 3, "delivered_beyond": [5, 6]}, 5)
+
+
+@pytest.mark.torch
+@needs_trainer
+def test_callbacks_out_of_order_say_so():
+    """A Trainer (or a test harness) calling on_step_end or on_save before on_train_begin
+    gets a RuntimeError naming what is missing, not an AttributeError on None."""
+    callback = hf_trainer.ShmloadCheckpoint()
+    state = types.SimpleNamespace(global_step=3)
+    with pytest.raises(RuntimeError, match=r"step 3 ended, but no loader was given to the callback "
+                                           r"\(was on_train_begin not called\?\)"):
+        callback.on_step_end(None, state, None)
+    with pytest.raises(RuntimeError, match=r"the Trainer saves step 3, but the loader's state was never taken "
+                                           r"\(was on_train_begin not called\?\)"):
+        callback.on_save(None, state, None)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import types
 import warnings
 import weakref
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Iterator
 
 from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS
@@ -45,10 +46,7 @@ _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop
                       "shuffle_buffer")
 
 
-T_co = TypeVar("T_co", covariant=True)
-
-
-class DataLoader(Stateful, Generic[T_co]):  # DataLoader[Batch] in annotations, as torch's
+class DataLoader(Stateful):
     """Loads batches from a map-style dataset (or an iterable source) with worker processes
     writing into shared memory.
 
@@ -115,6 +113,9 @@ class DataLoader(Stateful, Generic[T_co]):  # DataLoader[Batch] in annotations, 
         self._config()  # check the settings now, not at the first iter()
         warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
         self._initialized = True
+
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # DataLoader[Batch] in annotations, as torch's
+        return types.GenericAlias(cls, item)
 
     def _init_state(self, source: Any, iterable: bool, order_source: Any, auto_batch: bool, shuffle: bool) -> None:
         """The loader's own state, beside the attributes users see."""

@@ -16,6 +16,7 @@ from .._loading.fetch import check_indices
 from .._ordering.schedule import Planned
 from .config import LoaderConfig
 
+
 class Later(enum.Enum):
     LATER = "dispatch this batch later"
 

@@ -50,7 +50,10 @@ class ProfiledSession(Protocol):
     """What the profile reads of a live session (``session.Session``), and nothing more."""
 
     closed: bool
-    board: Any  # counters.board(): a row of counters per worker
+
+    @property
+    def board(self) -> Any:
+        """counters.board(): a row of counters per worker; None once closed."""
 
     def worker_pids(self) -> dict[int, int]:
         """Worker id -> pid of the live workers."""
