@@ -16,6 +16,7 @@ epochs). The public subpackages, ``datasets``, ``transforms``, ``records``,
 
 from ._batching.collate import default_collate
 from ._batching.deferred import Batched, DeferredArray
+from ._core.native import compiled_core
 from ._loader.loader import DataLoader
 from ._loading.worker import WorkerInfo, get_worker_info
 from ._ordering.distributed import DistributedSampler
@@ -64,6 +65,7 @@ __all__ = [  # (__version__ is public too, as every package's)
     "WorkerError",
     "WorkerInfo",
     "WorkerStartupError",
+    "compiled_core",
     "default_collate",
     "get_worker_info",
     "stream_parts",

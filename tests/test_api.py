@@ -24,7 +24,7 @@ def test_public_exports_do_not_drift():
         "WorkerDiedError", "WorkerError", "WorkerInfo", "WorkerStartupError", "default_collate",
         "get_worker_info", "LoaderStats", "Batched", "DeferredArray",
         "ImageDecodeError", "DistributedSampler", "DistributedWarning", "GeneratorSource", "stream_parts",
-        "PinningError"])
+        "PinningError", "compiled_core"])
     for name in shmload.__all__:
         assert hasattr(shmload, name)
     # and nothing else public in the namespace: only the exports, the version and subpackages

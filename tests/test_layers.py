@@ -195,6 +195,7 @@ def test_every_file_the_docs_and_docstrings_name_exists():
     ours = set()  # a bare name is a module of the package or a test (others are named with their folder)
     for top in (ROOT, os.path.join(repo, "tests")):
         ours.update(f for _, _, files in os.walk(top) for f in files if f.endswith(".py"))
+    ours.update(f for f in os.listdir(repo) if f.endswith(".py"))  # (setup.py)
     named = re.compile(r"(?<![\w/.-])([A-Za-z_]\w*\.py)\b")
     texts = [os.path.join(repo, "README.md")] + [os.path.join(repo, "docs", f)
                                                  for f in os.listdir(os.path.join(repo, "docs")) if f.endswith(".md")]

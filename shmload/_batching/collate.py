@@ -23,10 +23,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .._core.native import native
 from ..errors import CollateError
 from .batcher import Batcher, Plan, _as_array, _Cast, _torch_tensor_type
 from .deferred import Batched, DeferredArray
-from .layout import ArraySpec, Layout, Leaf, ObjectValue, Seq, build
+from .layout import ArraySpec, Layout, Leaf, Map, ObjectValue, Seq, build
 from .promotion import _SCALAR_DTYPES
 
 
@@ -225,7 +226,14 @@ _shape, _dtype = attrgetter("shape"), attrgetter("dtype")
 
 def _transpose(node: Any, values: list, batcher: Batcher | _Columns) -> bool:
     """Fill ``batcher.columns`` for ``node`` from ``values`` (one per sample); False if any
-    check fails (the caller then takes the slow path)."""
+    check fails (the caller then takes the slow path). The compiled core does it first
+    where it can; where it declines, this does (native.py)."""
+    if native is not None and native.transpose(node, values, batcher.kinds, batcher.columns):
+        return True
+    return _transpose_here(node, values, batcher)
+
+
+def _transpose_here(node: Any, values: list, batcher: Batcher | _Columns) -> bool:
     if type(node) is Leaf:
         kind = batcher.kinds[node.id]
         if kind[0] == "array":
@@ -252,7 +260,7 @@ def _transpose(node: Any, values: list, batcher: Batcher | _Columns) -> bool:
         if len(columns) != len(node.children):  # (every sample has len(columns) fields)
             return False
         for child, column in zip(node.children, columns):
-            if not _transpose(child, list(column), batcher):
+            if not _transpose_here(child, list(column), batcher):
                 return False
         return True
     if set(map(type, values)) != {node.cls or dict}:
@@ -260,7 +268,7 @@ def _transpose(node: Any, values: list, batcher: Batcher | _Columns) -> bool:
     keys = set(node.keys)
     if not all(v.keys() == keys for v in values):
         return False
-    return all(_transpose(child, list(map(itemgetter(k), values)), batcher)
+    return all(_transpose_here(child, list(map(itemgetter(k), values)), batcher)
                for k, child in zip(node.keys, node.children))
 
 
@@ -292,7 +300,7 @@ def _fill(out: np.ndarray, source: Any) -> None:
         for i, value in enumerate(source):
             out[i, ...] = value  # numpy's assignment casts (the dtype is torch's, see promote_column)
     elif isinstance(source, list) and source and isinstance(source[0], np.ndarray):
-        if out.size == 0:
+        if out.size == 0 or (native is not None and native.copy_rows(out, source)):
             return
         if source[0].ndim == 1 and out.nbytes <= _JOIN_BYTES * len(source) and _joined(out, source):
             return
@@ -305,7 +313,7 @@ def _fill(out: np.ndarray, source: Any) -> None:
             write_one(out[i, ...], value)  # [i, ...]: a view even when a row is 0-d
     elif isinstance(source, DeferredArray):
         source.write_into(out)
-    else:
+    elif not (native is not None and type(source) is list and native.fill_numbers(out, source)):
         out[...] = source
 
 
@@ -381,3 +389,6 @@ def build_local(plan: Plan, wrap: Callable[[np.ndarray], Any] | None = None) -> 
     filled = iter(arrays)  # build() visits the array leaves in the same order
     return build(plan.layout, lambda spec: next(filled))
 
+
+if native is not None:
+    native.setup(Leaf, Seq, Map, _an_object)  # the classes and the check transpose() reads

@@ -32,6 +32,7 @@ import numpy as np
 # anywhere) found a half-initialized module and stopped part-way.
 import psutil
 
+from .._core import native
 from .._core._platform import usable_cpus
 from . import counters
 from .dataset import describe_dataset
@@ -318,7 +319,7 @@ class Profile:
         return LoaderStats(duration, num_workers, len(cpus), prefetch, main, tuple(workers), ring_stats,
                            self._timeline(pids, history), self.reset, machine_cpu=machine,
                            dataset=describe_dataset(dataset) if dataset is not None else None,
-                           shm_backend=shm_backend if num_workers else None)
+                           shm_backend=shm_backend if num_workers else None, core=native.CORE)
 
     def _cpu_window(self, cpus: set[int], duration: float) -> tuple[float | None, float]:
         """The machine's CPU seconds on ``cpus`` and the main process's in the window, read

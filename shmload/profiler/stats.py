@@ -132,6 +132,7 @@ class LoaderStats:
     machine_cpu: float | None = None
     dataset: DatasetInfo | None = None  # None: not known to the snapshot
     shm_backend: str | None = None  # the ring's segments: "memfd" | "posix"; None without workers
+    core: str = "python"  # the default collate's per-sample work: "compiled" (_native.c) | "python"
 
     # ------------------------------------------------------------ derived figures
     @property
@@ -263,7 +264,7 @@ def format_table(s: LoaderStats) -> str:
     lines = [
         f"shmload profile: {m.batches} batches in {s.duration:.2f} s ({s.batches_per_second:.1f} batches/s, "
         f"{decimal_rate(s.bytes_per_second)}), num_workers={s.num_workers}, {s.cores} usable cores"
-        + (f", {s.shm_backend} segments" if s.shm_backend else ""),
+        + (f", {s.shm_backend} segments" if s.shm_backend else "") + f", {s.core} core",
         f"consumer: waiting in next() {m.stall:.2f} s ({100 * m.stall_fraction:.1f}% of its time: the data stall), "
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),
