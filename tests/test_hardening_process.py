@@ -180,7 +180,7 @@ def test_loader_creation_interrupted_at_random_points_leaves_no_entry():
 
 @pytest.mark.parametrize("in_order", [True, False])
 def test_ctrl_c_inside_next_then_going_on_yields_every_batch_exactly_once(in_order):
-    """NOTE [ A Ctrl-C during next() ] (epoch.py): SIGINT at random moments of an epoch,
+    """NOTE [ An interrupt during next() ] (epoch.py): SIGINT at random moments of an epoch,
     the same iterator taken up again after each KeyboardInterrupt."""
     rng = random.Random(9 + in_order)
     loader = DataLoader(RangeDataset(400), batch_size=2, num_workers=2, timeout=20, in_order=in_order,
@@ -387,8 +387,8 @@ def test_a_mapping_refused_by_the_address_space_limit_is_a_clear_error_and_the_e
                 got.append(int(next(it)[0, 0]))
             except StopIteration:
                 break
-            except SharedMemoryError as exc:  # (not before the ring asked for a single slot: NOTE
-                errors.append(str(exc))      # [ The ring stops at what fits ], ring.py)
+            except SharedMemoryError as exc:  # not before the ring asked for a single slot
+                errors.append(str(exc))      # (NOTE [ The ring stops at what fits ], ring.py)
                 refusing[0] = False
     assert len(errors) == 1 and re.match(r"could not map .*iB of shared memory into this process \(Cannot allocate "
                                          r"memory\): .*ulimit -v: .*max_shm_bytes", errors[0])

@@ -29,8 +29,9 @@ def labels(loader, epochs=1):
 
 
 def simulate(size, key, total):
-    """The buffer's order over range(total), written out the plain way (the NOTE in
-    shuffle.py): fill, then pick with u_t mod held, refill or move the last slot in."""
+    """The buffer's order over range(total), written out the plain way (NOTE [ A shuffle
+    buffer that resumes exactly ], shuffle.py): fill, then pick with u_t mod held, refill
+    or move the last slot in."""
     from shmload._ordering.shuffle import block_picks
     buf, out, src, t = [], [], iter(range(total)), 0
     for x in src:
