@@ -1,6 +1,8 @@
-"""Issue 32, the main process's side: threads on a persistent loader, an interrupted
-next() with num_workers=0, a finalizer during an import, each reproduced through the
-public API."""
+"""Interrupts: what a signal's handler raises (Ctrl-C's KeyboardInterrupt, a preemption
+handler's SystemExit, a time-out's own exception) wherever it lands, and other threads
+and forks of the main process while a loader runs. Every batch is delivered once when
+the loop is taken up again, a state saved meanwhile counts what was delivered, and
+nothing is left behind."""
 
 from __future__ import annotations
 
