@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -159,27 +158,7 @@ def test_an_import_error_in_a_spawned_worker_is_a_start_up_error_with_its_traceb
         del sys.modules["parent_only_module"]
 
 
-# ---------------------------------------------------------------- nested use, threads
-def test_workers_start_while_other_threads_hold_locks_and_allocate():
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def busy():
-        while not stop.is_set():
-            with lock:
-                np.ones(1000).sum()
-
-    threads = [threading.Thread(target=busy) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
-        for _ in range(3):  # forks land at random moments of the other threads' work
-            loader = DataLoader(RangeDataset(24), batch_size=4, num_workers=2, timeout=30)
-            assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 24, 4)]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
+# ---------------------------------------------------------------- nested use
 
 
 def test_a_loader_inside_a_dataset_loads_in_its_worker_without_workers():

@@ -119,6 +119,34 @@ def test_batch_progress_records_out_of_order_deliveries_compactly():
     assert (resumed.next_batch, resumed.beyond) == (7, set())
 
 
+def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
+    from shmload._loader.progress import BatchProgress
+    p = BatchProgress()
+    for seq in (0, 1, 3, 4):
+        p.record(seq, None)
+    assert p.saved() == (2, [3, 4])
+    p.held = True  # 4, delivered beyond the gap, kept
+    assert p.saved() == (2, [3])
+    p.held = False
+    p.record(2, None)  # fills the gap: next_batch jumps to 5
+    assert p.saved() == (5, [])
+    p.held = True  # 2 kept: 3 and 4 stay delivered
+    assert p.saved() == (2, [3, 4])
+
+
+def test_a_held_draw_is_taken_out_of_the_saved_streams():
+    from shmload._loader.progress import StreamProgress
+    from shmload._transport.messages import StreamPoint
+    p = StreamProgress(2)
+    p.record(0, (0, StreamPoint(1, "a1")))
+    p.record(1, (1, StreamPoint(1, "b1")))
+    p.record(2, (0, StreamPoint(2, "a2")))
+    assert p.saved() == ([2, 1], ["a2", "b1"], 1)
+    p.held = True
+    assert p.saved() == ([1, 1], ["a1", "b1"], 0)
+    assert (p.draws, p.states) == ([2, 1], ["a2", "b1"])  # the record itself is untouched
+
+
 def test_the_state_is_small_documented_json():
     loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(loader)
@@ -274,27 +302,6 @@ def test_moving_a_user_sampler_after_loading_a_mid_epoch_state_is_refused():
         iter(loader)
     sampler.epoch = 0  # put back: the resume was kept for the retry
     assert len(list(loader)) == 9
-
-
-def test_ctrl_c_in_a_single_process_load_leaves_the_batch_to_the_resumed_run():
-    class Interrupting(AugmentedDataset):
-        def __getitem__(self, i):
-            if i == 9 and not getattr(self, "done", False):
-                self.done = True
-                raise KeyboardInterrupt
-            return super().__getitem__(i)
-
-    reference, _ = run(DataLoader(AugmentedDataset(), batch_size=4, seed=5), 1)
-    loader = DataLoader(Interrupting(), batch_size=4, seed=5)
-    got = []
-    with pytest.raises(KeyboardInterrupt):
-        for batch in loader:
-            got.append(flatten(batch))
-    state = loader.state_dict()
-    assert state["next_batch"] == 2
-    resumed = DataLoader(AugmentedDataset(), batch_size=4, seed=5)
-    resumed.load_state_dict(state)
-    assert got + run(resumed, 1)[0] == reference
 
 
 # ---------------------------------------------------------------- iterable sources
