@@ -1,25 +1,17 @@
 """Failures reach the main process as clear errors, at the right batch; nothing hangs."""
 
-import os
-import signal
-import time
-
 import pytest
 
 import shmload
-from shmload import CollateError, DataLoader, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerStartupError
+from shmload import CollateError, DataLoader, WorkerError
 
 from .helpers import (
-    ExitingDataset,
     FailingDataset,
     ImageDataset,
     NeedsTwoArgsError,
     RangeDataset,
-    SlowDataset,
     StopIterationDataset,
     TwoArgsFailingDataset,
-    UnpicklableDataset,
-    failing_init,
 )
 
 
@@ -78,59 +70,6 @@ def test_unpicklable_value_in_a_batch_is_reported_not_hung():
         list(DataLoader(Lambdas(4), batch_size=2, num_workers=1))
 
 
-@pytest.mark.parametrize("how,signal_text", [("exit", "exit code 7"), ("kill", "SIGKILL")])
-def test_worker_death_raises_naming_worker_pid_and_batch(how, signal_text):
-    loader = DataLoader(ExitingDataset(20, at=9, how=how), batch_size=2, num_workers=2)
-    start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match=rf"worker process \d \(pid \d+\) .*{signal_text}.*"
-                                              r"dataset indices \[8, 9\]"):
-        list(loader)
-    assert time.monotonic() - start < 10
-
-
-def test_external_sigkill_of_a_worker_is_noticed():
-    loader = DataLoader(SlowDataset(100, 0.05), batch_size=1, num_workers=2, persistent_workers=True)
-    it = iter(loader)
-    next(it)
-    os.kill(loader._sessions.persistent.supervisor.pids[1], signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match="SIGKILL"):
-        for _ in it:
-            pass
-    loader.close()
-
-
-def test_timeout_raises_loader_timeout_error_naming_the_worker():
-    loader = DataLoader(SlowDataset(4, 6.0, slow={2}), batch_size=2, num_workers=1, timeout=1.5)
-    it = iter(loader)
-    assert next(it).tolist() == [0, 1]
-    with pytest.raises(LoaderTimeoutError, match=r"DataLoader timed out after 1.5 seconds waiting for batch 1: worker 0 "
-                                                 r"\(pid \d+\) is loading dataset indices \[2, 3\]") as info:
-        next(it)
-    assert isinstance(info.value, TimeoutError) and isinstance(info.value, RuntimeError)
-    del it
-    loader.close()
-
-
-def test_worker_init_fn_failure_is_a_startup_error(start_method):
-    loader = DataLoader(RangeDataset(4), num_workers=2, worker_init_fn=failing_init,
-                        multiprocessing_context=start_method)
-    with pytest.raises(WorkerStartupError, match=r"(?s)worker process \d failed during start-up.*init failed in "
-                                                 r"worker \d.*Traceback"):
-        list(loader)
-
-
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_unpicklable_dataset_under_spawn_says_so(method):
-    loader = DataLoader(UnpicklableDataset(4), num_workers=1, multiprocessing_context=method)
-    with pytest.raises(WorkerStartupError, match=rf"the dataset \(UnpicklableDataset\) cannot be pickled, which "
-                                                 rf"the '{method}' start method needs.*multiprocessing_context='fork'"):
-        iter(loader)
-
-
-def test_unpicklable_dataset_is_fine_under_fork():
-    assert [b.tolist() for b in DataLoader(UnpicklableDataset(4), batch_size=2, num_workers=1)] == [[0, 1], [2, 3]]
-
-
 def test_bad_getitems_result_is_named():
     class Short(RangeDataset):
         def __getitems__(self, indices):
@@ -158,17 +97,6 @@ def test_a_python_int_beyond_int64_is_named():
     with pytest.raises(CollateError, match=r"field sample\['id'\]: the Python int 1180591620717411303424 does not "
                                            r"fit in int64"):
         list(DataLoader(Huge(4), batch_size=2, num_workers=1))
-
-
-class NestedLoaderDataset(RangeDataset):
-    def __getitem__(self, i):
-        inner = DataLoader(RangeDataset(4), batch_size=2, num_workers=1)
-        return sum(int(b.sum()) for b in inner)
-
-
-def test_a_loader_with_workers_inside_a_worker_gets_a_clear_error():
-    with pytest.raises(shmload.ShmloadError, match=r"runs inside a daemonic process .*Use num_workers=0"):
-        list(DataLoader(NestedLoaderDataset(2), batch_size=1, num_workers=1))
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])

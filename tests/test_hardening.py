@@ -16,7 +16,7 @@ import shmload
 from shmload import Batched, DataLoader, DeferredArray, ShmloadError
 from shmload.errors import RemoteError
 
-from .helpers import ImageDataset, RangeDataset, StatefulWorkerStreams
+from .helpers import RangeDataset, StatefulWorkerStreams
 
 TIMEOUT = 30  # seconds, for loaders with workers: a hang fails the test instead of the run
 
@@ -392,18 +392,3 @@ def test_every_shortage_of_shared_memory_is_a_shared_memory_error():
     for name in ("SharedMemoryError", "RingFullError"):
         cls = getattr(shmload, name)
         assert issubclass(cls, shmload.ShmloadError) and issubclass(cls, MemoryError)
-
-
-def test_a_tiny_max_shm_bytes_is_caught_as_a_shared_memory_error():
-    page = 4096
-    loader = DataLoader(ImageDataset(8, shape=(4 * page,)), batch_size=2, num_workers=1, max_shm_bytes=page,
-                        timeout=TIMEOUT)
-    with loader:
-        try:
-            list(loader)
-        except shmload.SharedMemoryError as exc:
-            caught = exc
-        else:
-            caught = None
-    assert isinstance(caught, shmload.RingFullError)
-    assert re.search(r"bound of 4.0 KiB \(max_shm_bytes\)", str(caught))

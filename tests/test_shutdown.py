@@ -1,38 +1,21 @@
-"""Every way out stops the workers and leaves nothing behind (the autouse fixture checks
-/dev/shm and child processes after each test; these tests check the moment it happens)."""
+"""Every ordinary way out stops the workers and leaves nothing behind (the autouse
+fixture checks /dev/shm and child processes after each test; these tests check the
+moment it happens). Interrupts are in test_interrupts.py, a killed main process in
+test_faults.py."""
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from shmload import DataLoader, ShmloadError
 
 from .conftest import _attributed, _entries
-from .helpers import ImageDataset, RangeDataset, SlowDataset
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def gone(pids, within=5.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive:
-            return True
-        time.sleep(0.05)
-    return False
+from .helpers import ImageDataset, RangeDataset, SlowDataset, gone
+from .scripts import ROOT
 
 
 def worker_pids(it):
@@ -117,35 +100,6 @@ def test_interpreter_exit_with_live_workers_is_clean_and_silent(method):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no warning, no traceback
     assert gone([int(p) for p in result.stdout.split()])
-
-
-@pytest.mark.parametrize("method,dataset", [
-    ("fork", "SlowDataset(1000, 0.01)"), ("spawn", "SlowDataset(1000, 0.01)"), ("forkserver", "SlowDataset(1000, 0.01)"),
-    ("fork", "shmload.GeneratorSource(slow_count, 1000, 0.01)"),  # an iterable source's workers too
-])
-def test_workers_exit_when_the_main_process_is_killed(method, dataset):
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time, shmload
-        from tests.helpers import SlowDataset, slow_count
-        if __name__ == "__main__":
-            loader = shmload.DataLoader({dataset}, batch_size=1, num_workers=2,
-                                        multiprocessing_context={method!r}, persistent_workers=True)
-            it = iter(loader)
-            next(it)
-            print(*loader._sessions.persistent.supervisor.pids, flush=True)
-            time.sleep(60)
-    """)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2, proc.stderr.read()
-        proc.kill()
-        proc.wait(10)
-        assert gone(pids, within=3.0), f"workers {pids} outlived the killed main process"
-    finally:
-        proc.kill()
-        proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def test_nothing_named_appears_in_dev_shm_while_loading():

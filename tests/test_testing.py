@@ -14,11 +14,9 @@ from shmload import DataLoader, DeferredArray
 from shmload.datasets import ArrayDataset
 from shmload.testing import assert_resumes_exactly, check_deferred_array
 
-from .helpers import RampArray
+from .helpers import TIMEOUT, RampArray
 
 pytestmark = pytest.mark.timeout(60)
-
-TIMEOUT = 30  # seconds, for loaders with workers: a hang fails the test instead of the run
 
 
 # ---------------------------------------------------------------- assert_resumes_exactly
