@@ -68,6 +68,13 @@ def test_error_hierarchy():
     assert issubclass(shmload.PinningError, shmload.ShmloadError)
 
 
+def test_every_shortage_of_shared_memory_is_a_shared_memory_error():
+    assert issubclass(shmload.RingFullError, shmload.SharedMemoryError)
+    for name in ("SharedMemoryError", "RingFullError"):
+        cls = getattr(shmload, name)
+        assert issubclass(cls, shmload.ShmloadError) and issubclass(cls, MemoryError)
+
+
 def test_signature_keeps_torch_positional_order():
     params = list(inspect.signature(DataLoader).parameters)
     assert params[:13] == TORCH_KEYWORDS[:13]

@@ -3,8 +3,7 @@ main process is killed, workers fail to start or take too long, a loader is nest
 another's worker, and the machine's limits are reached (the ring's bound, address space,
 file descriptors). Each gets the behaviour docs/reliability.md promises, checked by regex
 on the message. One test reaches into ``shmload._transport.shm`` to refuse its mappings
-as ``ulimit -v`` would. (Bad input and the segments' privacy, at the end, move on to
-test_errors.py and test_shm.py.)"""
+as ``ulimit -v`` would."""
 
 import os
 import re
@@ -20,7 +19,6 @@ import pytest
 
 import shmload
 from shmload import (
-    CollateError,
     DataLoader,
     LoaderTimeoutError,
     RingFullError,
@@ -28,7 +26,6 @@ from shmload import (
     WorkerDiedError,
     WorkerStartupError,
 )
-from shmload._loading.fetch import check_indices
 
 from .helpers import (
     TIMEOUT,
@@ -422,166 +419,3 @@ def test_many_workers_with_deep_prefetch_fit_the_usual_descriptor_limit(workers,
     done = subprocess.run([sys.executable, "-c", _MANY_WORKERS.format(root=root, soft=soft, workers=workers)],
                           capture_output=True, text=True, timeout=300)
     assert re.search(outcome, (done.stdout + done.stderr).strip(), re.M), done.stderr[-3000:]
-
-
-# ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_sample_of_none_is_named(workers):
-    loader = DataLoader(NoneAtDataset(12, at=7), batch_size=4, num_workers=workers, timeout=30)
-    with pytest.raises(CollateError, match=r"cannot batch dataset index 7 \(position 3 in the batch\): the dataset "
-                                           r"returned None for it \(a missing return in __getitem__\?\)"):
-        rows_of(loader)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_first_sample_of_none_is_named(workers):
-    loader = DataLoader(NoneAtDataset(12, at=4), batch_size=4, num_workers=workers, timeout=30)
-    it = iter(loader)
-    assert next(it).tolist() == [0, 1, 2, 3]
-    with pytest.raises(CollateError, match=r"dataset index 4 \(position 0 in the batch\): the dataset returned None"):
-        next(it)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("bad", [-1, 12])
-def test_a_sampler_index_out_of_range_is_named_with_the_length(workers, bad):
-    sampler = [[0, 1], [2, bad], [4, 5]]
-    loader = DataLoader(LenientDataset(12), batch_sampler=sampler, num_workers=workers, timeout=30)
-    it = iter(loader)
-    assert next(it).tolist() == [0, 1]
-    with pytest.raises(IndexError, match=rf"the sampler gave dataset index {bad} \(at position 1 of the batch "
-                                         rf"\[2, {bad}\]\), but len\(dataset\) is 12: expected 0 <= index < 12"):
-        next(it)
-    assert next(it).tolist() == [4, 5]  # the iterator stays usable
-
-
-class _Scanned(list):
-    """Indices that count how often they are scanned."""
-
-    scans = 0
-
-    def __iter__(self):
-        type(self).scans += 1
-        return super().__iter__()
-
-
-@pytest.mark.parametrize("bound, scans", [(None, 2), (12, 0)])
-def test_a_bound_within_len_spares_the_index_scan(bound, scans):
-    _Scanned.scans = 0
-    check_indices(LenientDataset(12), _Scanned([0, 11]), bound)
-    assert _Scanned.scans == scans  # min() and max(), unless the bound proves them in range
-
-
-@pytest.mark.parametrize("bad, bound", [(-1, 2**64), (12, 13)])  # a negative index bounds as a huge one (wire.py)
-def test_a_bound_beyond_len_falls_back_to_the_check_that_names_the_index(bad, bound):
-    with pytest.raises(IndexError, match=rf"the sampler gave dataset index {bad} \(at position 1 of the batch "
-                                         rf"\[2, {bad}\]\), but len\(dataset\) is 12"):
-        check_indices(LenientDataset(12), [2, bad], bound)
-
-
-class _Rows:
-    """Sample i: ``size`` bytes of value i."""
-
-    def __init__(self, n: int, size: int):
-        self.n, self.size = n, size
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return np.full(self.size, i, np.uint8)
-
-
-@pytest.mark.parametrize("size, caller", [(8, "fetch"), (64 * 1024, "load_rowwise")])  # small rows, or row by row
-def test_a_workers_index_check_is_given_the_bound_of_its_raw_indices(monkeypatch, size, caller):
-    def spy(dataset, indices, bound=None):  # forked into the worker with the patch
-        if 7 in indices:
-            raise RuntimeError(f"checked {list(indices)} with bound {bound}")
-        check_indices(dataset, indices, bound)
-
-    monkeypatch.setattr(shmload._loading.fetch, "check_indices", spy)
-    monkeypatch.setattr(shmload._loading.rowwise, "check_indices", spy)
-    loader = DataLoader(_Rows(12, size), batch_sampler=[[0, 1], [6, 7]], num_workers=1, timeout=30,
-                        multiprocessing_context="fork")  # one worker: its plan for [0, 1] is cached for [6, 7]
-    it = iter(loader)
-    assert next(it)[:, 0].tolist() == [0, 1]
-    with pytest.raises(RuntimeError, match=rf"(?s)in {caller}\n.*checked \[6, 7\] with bound 8"):
-        next(it)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_len_that_lies_fails_at_the_missing_index(workers):
-    loader = DataLoader(LyingLengthDataset(), batch_size=4, num_workers=workers, timeout=30)
-    with pytest.raises(IndexError, match=r"(?s)dataset indices \[8, 9, 10, 11\].*IndexError: only 10 samples, "
-                                         r"asked for 10" if workers else r"only 10 samples, asked for 10"):
-        rows_of(loader)
-
-
-def test_non_contiguous_samples_are_batched_as_np_stack_would():
-    loader = DataLoader(StridedDataset(8), batch_size=4, num_workers=2, timeout=30)
-    for k, batch in enumerate(loader):
-        want = np.stack([StridedDataset(8)[i] for i in range(4 * k, 4 * k + 4)])
-        assert batch.flags.c_contiguous and np.array_equal(batch, want)
-
-
-class NoneAtDataset(RangeDataset):
-    def __init__(self, n, at):
-        super().__init__(n)
-        self.at = at
-
-    def __getitem__(self, i):
-        return None if i == self.at else i
-
-
-class LenientDataset(RangeDataset):
-    """Backed by a list: a negative index would silently wrap around."""
-
-    def __getitem__(self, i):
-        return list(range(self.n))[i]
-
-
-class LyingLengthDataset:
-    def __len__(self):
-        return 12
-
-    def __getitem__(self, i):
-        if i >= 10:
-            raise IndexError(f"only 10 samples, asked for {i}")
-        return i
-
-
-class StridedDataset(RangeDataset):
-    def __getitem__(self, i):
-        base = np.arange(64, dtype=np.float32).reshape(8, 8) + i
-        return base[::2, ::3].T  # a non-contiguous view
-
-
-# ---------------------------------------------------------------- security
-def test_segments_are_private_to_the_user_and_never_named_while_in_use():
-    seg = shmload._transport.shm.Segment(0, 1 << 16)
-    try:
-        st = os.fstat(seg.fd)
-        assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
-        assert st.st_nlink == 0  # unlinked: no name another process could open
-    finally:
-        seg.close()
-
-
-def test_a_pre_created_name_is_never_opened(monkeypatch):
-    """Names are random (96 bits) and created with O_EXCL: a file an attacker placed under
-    the name shmload draws is skipped, not opened, and left untouched."""
-    names = iter(["a" * 24, "b" * 24])
-    monkeypatch.setattr(shmload._transport.shm.secrets, "token_hex", lambda n: next(names))
-    squatted = Path("/dev/shm/shmload-" + "a" * 24)
-    squatted.write_bytes(b"attacker data")
-    os.chmod(squatted, 0o666)
-    try:
-        seg = shmload._transport.shm.Segment(0, 1 << 12)
-        try:
-            assert os.fstat(seg.fd).st_ino != squatted.stat().st_ino
-            assert bytes(seg.mmap[:13]) == bytes(13)
-        finally:
-            seg.close()
-        assert squatted.read_bytes() == b"attacker data"
-    finally:
-        squatted.unlink()

@@ -1,13 +1,17 @@
 """Shared-memory segments, both backends: memfd never named, POSIX named for microseconds;
-reserved for real; shortage explained."""
+reserved for real; shortage explained; private to the user, and a name placed in advance
+never opened. Tests of internals (``shmload._transport.shm``), and the shortage through
+the loader."""
 
 import errno
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import shmload
 from shmload import SharedMemoryError
 from shmload._transport import shm
 
@@ -119,3 +123,34 @@ def test_a_released_range_goes_back_to_memory_for_every_mapping(backend):
     finally:
         seg.close()
     assert not seg.release(0, page)  # closed: nothing to give back
+
+
+# ---------------------------------------------------------------- security
+def test_segments_are_private_to_the_user_and_never_named_while_in_use():
+    seg = shmload._transport.shm.Segment(0, 1 << 16)
+    try:
+        st = os.fstat(seg.fd)
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+        assert st.st_nlink == 0  # unlinked: no name another process could open
+    finally:
+        seg.close()
+
+
+def test_a_pre_created_name_is_never_opened(monkeypatch):
+    """Names are random (96 bits) and created with O_EXCL: a file an attacker placed under
+    the name shmload draws is skipped, not opened, and left untouched."""
+    names = iter(["a" * 24, "b" * 24])
+    monkeypatch.setattr(shmload._transport.shm.secrets, "token_hex", lambda n: next(names))
+    squatted = Path("/dev/shm/shmload-" + "a" * 24)
+    squatted.write_bytes(b"attacker data")
+    os.chmod(squatted, 0o666)
+    try:
+        seg = shmload._transport.shm.Segment(0, 1 << 12)
+        try:
+            assert os.fstat(seg.fd).st_ino != squatted.stat().st_ino
+            assert bytes(seg.mmap[:13]) == bytes(13)
+        finally:
+            seg.close()
+        assert squatted.read_bytes() == b"attacker data"
+    finally:
+        squatted.unlink()
