@@ -12,7 +12,7 @@ import time
 import numpy as np
 import psutil
 
-from shmload import DeferredArray
+from shmload import DeferredArray, RandomSampler
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 
@@ -39,6 +39,14 @@ def gone(pids, within=5.0):
 
 def rows_of(loader):
     return [b.tolist() if isinstance(b, np.ndarray) else b for b in loader]
+
+
+def shuffled_order(n: int, epoch: int, seed: int = 0) -> list[int]:
+    """The order of ``range(n)`` that ``shuffle=True`` and ``seed`` give in ``epoch``, as a
+    user can have it: from the public :class:`RandomSampler`."""
+    sampler = RandomSampler(range(n), seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
 
 class RangeDataset:

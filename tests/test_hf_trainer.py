@@ -17,10 +17,9 @@ import types
 import pytest
 
 import shmload
-from shmload._ordering.seeding import permutation
 from shmload.integrations import hf_trainer
 
-from .helpers import RangeDataset
+from .helpers import RangeDataset, shuffled_order
 from .scripts import ROOT, describe, read_jsonl, run_script, torchrun_args
 
 pytestmark = pytest.mark.timeout(300)  # a run imports torch and transformers: ~6 s each
@@ -103,7 +102,7 @@ def test_train_sees_every_sample_once_per_epoch_in_a_new_order(reference):
     assert len(batches) == 2 * BATCHES and final["global_step"] == 2 * BATCHES
     epochs = [[i for e, ids, _ in batches if e == epoch for i in ids] for epoch in (0, 1)]
     for epoch, ids in enumerate(epochs):
-        assert ids == permutation(0, epoch, SAMPLES).tolist()  # the Trainer's epoch is shmload's
+        assert ids == shuffled_order(SAMPLES, epoch)  # the Trainer's epoch is shmload's
     # gradient accumulation changes the steps, not the batches: 7 steps an epoch, the last of 1 batch
     batches2, final2 = reference[2]
     assert batches2 == batches and final2["global_step"] == 2 * 7
@@ -255,7 +254,7 @@ def test_the_trainers_skip_returns_the_resumed_loader_when_the_counts_agree():
     hf_trainer._ARMED.add(loader)
     assert skip(loader, 4) is loader and loader not in hf_trainer._ARMED  # once
     loader.set_epoch(1)  # as the Trainer does next
-    order = permutation(0, 1, 40).tolist()
+    order = shuffled_order(40, 1)
     assert [b.tolist() for b in loader] == [order[i:i + 4] for i in range(16, 40, 4)]  # batches 4 to 9
 
 
