@@ -1,4 +1,6 @@
-"""allocation.py's :class:`SlotAllocator` without processes: a real ``Ring`` over fake
+"""Internals, tested on purpose (``shmload._session.allocation``, ``dispatch``,
+``shmload._transport.ring``): allocation.py's :class:`SlotAllocator` without processes: a
+real ``Ring`` over fake
 segments, a real ``Dispatcher``, and the states the session would bring them to (tasks
 recorded as ``try_dispatch`` records them, NeedSpace as ``_handle`` passes it on, slots
 READY and HELD as ``_handle`` and lifetime.py set them).

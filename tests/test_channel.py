@@ -1,4 +1,5 @@
-"""channel.py in one process: the main process's :class:`Channel` and the worker's
+"""Internals, tested on purpose (``shmload._transport.channel`` and ``messages``):
+channel.py in one process: the main process's :class:`Channel` and the worker's
 :class:`Inbox` (with the worker's sending ``Connection``) on the two ends of one
 ``socket.socketpair()``, as supervisor.py and worker.py hold them. No worker processes.
 

@@ -1,7 +1,9 @@
 """Running where training runs: a container's 64 MB /dev/shm, its memory limit, and the
 ring's default bound read from them (shmload/_transport/limits.py).
 
-The unit tests give limits.py fake cgroup trees (v1, v2, nested, unlimited); the scripts
+The unit tests give limits.py fake cgroup trees (v1, v2, nested, unlimited), and choose
+between the two backends of shm.py: tests of internals (``shmload._transport.limits``
+and ``shm``), on purpose. The scripts
 run in a private /dev/shm (a mount namespace, as root) or a memory cgroup of their own
 (as root, where this machine's cgroups can be written), and skip cleanly elsewhere.
 """

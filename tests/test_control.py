@@ -1,4 +1,5 @@
-"""control.py and wire.py: the shared-memory queues and the records in them.
+"""Internals, tested on purpose (``shmload._transport.control``, ``wire`` and
+``messages``): control.py and wire.py, the shared-memory queues and the records in them.
 
 In one process first (both ends of every queue on one anonymous shared mapping), then
 across a fork, where the two ends run at once: every record arrives once, in order,

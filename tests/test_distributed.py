@@ -1,5 +1,7 @@
 """DistributedSampler (pure: no processes) and several ranks' loaders on one node. The
-real torchrun job is in tests/test_torchrun.py."""
+real torchrun job is in tests/test_torchrun.py. Where the rank comes from and how it
+seeds the batches are read from the internals (``shmload._ordering.distributed`` and
+``seeding``), on purpose."""
 
 from __future__ import annotations
 

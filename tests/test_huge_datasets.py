@@ -1,6 +1,8 @@
 """Huge and "endless" map-style datasets (issue 18): an epoch over 2**40 samples, or over
 a dataset whose ``len()`` is ``sys.maxsize``, starts at once and takes memory for its
-batches only (NOTE [ Orders are computed a slice at a time ] in shmload/_ordering/sampler.py)."""
+batches only (NOTE [ Orders are computed a slice at a time ] in shmload/_ordering/sampler.py).
+The lazy orders, their shuffle and their shares (``shmload._ordering``) are also tested
+alone, as internals."""
 
 from __future__ import annotations
 

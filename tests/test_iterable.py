@@ -1,5 +1,6 @@
 """Iterable sources: each worker reads its own stream; batches come in a fixed rotation;
-errors, deaths, slot growth and shutdown behave as for map-style datasets."""
+errors, deaths, slot growth and shutdown behave as for map-style datasets. The
+rotation's rule (``shmload._ordering.schedule``) is also tested alone, as internals."""
 
 from __future__ import annotations
 

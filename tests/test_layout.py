@@ -1,4 +1,5 @@
-"""Batch layout and default collate: pure, no processes."""
+"""Batch layout and default collate, tested as internals (``shmload._batching.layout``
+and ``collate``): pure, no processes."""
 
 import collections
 from typing import NamedTuple

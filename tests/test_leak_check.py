@@ -1,7 +1,8 @@
 """The leak check of the autouse fixture (tests/conftest.py) itself: it catches what the
 library or the test's own processes leave behind, ignores what other programs of the
 machine create or remove in /dev/shm meanwhile, and sees every process a test marked
-``pure`` starts. Each test cleans up what it made."""
+``pure`` starts. Each test cleans up what it made. It names its segments as the library
+does (``shmload._transport.shm``), on purpose."""
 
 import contextlib
 import multiprocessing

@@ -1,5 +1,6 @@
 """pin_memory=True: each ring segment page-locked once, unregistered before it is
-unmapped, batches pinned with no copy (pinning.py).
+unmapped, batches pinned with no copy (pinning.py). The segments and the page-locking
+are reached in ``shmload._transport`` (``pinning``, ``shm``), on purpose.
 
 Without a GPU the page-locking itself is a fake that checks the rules the CUDA one must
 keep: a range is registered once, while mapped, and unregistered while still mapped,

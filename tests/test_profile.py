@@ -1,4 +1,6 @@
 """The profiler: counters, stats, diagnosis, trace, plot and the `shmload profile` command.
+Its figures' units are checked at their formatter (``shmload._core._units``), an
+internal, on purpose.
 
 Stage times are made known with sleeps (a sleeping worker's stage lasts at least the
 sleep, and on a busy machine somewhat longer), so the attribution is checked within a

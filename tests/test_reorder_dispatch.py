@@ -1,4 +1,5 @@
-"""Reorder buffer and dispatcher: pure, no processes."""
+"""Reorder buffer and dispatcher, tested as internals (``shmload._loader.reorder``,
+``shmload._session.dispatch``): pure, no processes."""
 
 from typing import NamedTuple
 

@@ -1,4 +1,5 @@
-"""Ring bookkeeping with fake segments: pure, no shared memory."""
+"""Ring bookkeeping with fake segments, tested as internals (``shmload._transport.ring``):
+pure, no shared memory."""
 
 import pytest
 

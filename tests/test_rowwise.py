@@ -1,5 +1,6 @@
 """Row-wise collate: large samples fetched and written one at a time must give exactly
-the default path's batches and errors."""
+the default path's batches and errors. Tested as internals first
+(``shmload._loading.rowwise``, ``shmload._batching``), then through the loader."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""Samplers: pure, no processes."""
+"""Samplers: pure, no processes. The orders under them and their seeding
+(``shmload._ordering.sampler`` and ``seeding``) are tested too, as internals."""
 
 import sys
 

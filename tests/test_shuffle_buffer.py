@@ -1,5 +1,7 @@
 """Shuffling streams (issue 22): a seeded shuffle buffer per worker stream that resumes
-exactly, and stream_parts(), the shared shuffle of a stream's parts."""
+exactly, and stream_parts(), the shared shuffle of a stream's parts. The buffer and the
+arrangement are tested alone first, as internals (``shmload._ordering.shuffle``), then
+through the loader."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Split batches (issue 21): the parts of a batch, which worker loads which span, and a
-batch put together from spans that equals the batch loaded whole."""
+batch put together from spans that equals the batch loaded whole. The parts, spans and
+their dispatch are tested alone first, as internals (``shmload._batching``,
+``shmload._session``), then through the loader."""
 
 from __future__ import annotations
 

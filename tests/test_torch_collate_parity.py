@@ -3,7 +3,9 @@ run against torch 2.13's DataLoader): a tuple sample batches to a list, containe
 subclasses are copied from sample 0, and numeric types that differ between the samples of
 a batch are promoted as torch promotes them (layout.py: NOTE [ Batch containers ], NOTE
 [ Mixed numeric types ]). The rules are checked without torch, with torch's results
-written out, then side by side with torch's own DataLoader (marked ``torch``)."""
+written out, then side by side with torch's own DataLoader (marked ``torch``). The
+rules are read at the collate's internals (``shmload._batching``) as well as through the
+loader."""
 
 from __future__ import annotations
 
