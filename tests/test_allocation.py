@@ -24,7 +24,7 @@ from shmload._session.dispatch import Dispatcher, InFlight
 from shmload._transport.messages import NeedSpace, Task
 from shmload._transport.ring import Ring, SlotState, page_round
 
-pytestmark = pytest.mark.timeout(10)  # pure bookkeeping: anything slower is a loop that does not end
+pytestmark = [pytest.mark.timeout(10), pytest.mark.pure]  # pure bookkeeping: anything slower is a loop that does not end
 
 PAGE = page_round(1)
 IT = 1  # the current iteration

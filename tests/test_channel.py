@@ -47,7 +47,7 @@ from shmload._transport.messages import (
 )
 from shmload.errors import RemoteError, ShmloadError
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.pure]
 
 WAIT = 5.0  # seconds any one exchange may take before the test fails
 BIG = 3 * channel_module._READ_SIZE  # larger than one read and than the socket's buffer

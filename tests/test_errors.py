@@ -134,6 +134,7 @@ def test_an_unprintable_exception_of_a_local_class_is_a_worker_error_naming_it()
         del it
 
 
+@pytest.mark.pure
 def test_without_workers_the_unprintable_exception_itself_propagates_as_in_torch():
     loader = DataLoader(UnprintableDataset(6, {2}, UnprintableAndUnreprableError), batch_size=2)
     it = iter(loader)
@@ -187,6 +188,7 @@ class _ReturnsStrSubclass(Exception):
         return _StrSubclass("a str of a local subclass")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("exc,type_name,message", [
     (UnprintableError("x"), "UnprintableError", r"<exception str\(\) failed: RuntimeError: __str__ is broken; "
                                                 r"its repr: UnprintableError\('x'\)>"),
@@ -206,12 +208,14 @@ def test_capture_never_raises_and_what_it_captures_always_pickles(exc, type_name
     assert str(rebuilt).startswith(f"Caught {type_name} in DataLoader worker process 0") and repr(rebuilt)
 
 
+@pytest.mark.pure
 def test_capture_keeps_a_traceback_text_it_is_given():
     error = RemoteError.capture(_raised(UnprintableError()), "Traceback (most recent call last):\n  given\n")
     assert error.traceback == "Traceback (most recent call last):\n  given\n"
     assert error.message.startswith("<exception str() failed: RuntimeError: __str__ is broken")
 
 
+@pytest.mark.pure
 def test_a_rebuilt_unprintable_exception_is_its_type_and_prints_the_workers_report():
     error = RemoteError.capture(_raised(UnprintableAndUnreprableError("x")))
     rebuilt = error.rebuild("in DataLoader worker process 1 while loading batch 3 (dataset indices [6, 7])")
@@ -370,6 +374,7 @@ def test_every_array_of_a_batched_result_must_have_one_row_per_index(workers, fi
         del it
 
 
+@pytest.mark.pure
 def test_a_batched_result_is_checked_before_a_collate_fn_sees_its_samples():
     # with a collate_fn the loader hands over Batched.samples(): size rows, the extra one dropped silently
     loader = DataLoader(BatchedRows(4, bad={0}), batch_size=2, collate_fn=lambda samples: len(samples))
@@ -377,6 +382,7 @@ def test_a_batched_result_is_checked_before_a_collate_fn_sees_its_samples():
         list(loader)
 
 
+@pytest.mark.pure
 def test_a_batched_result_with_a_0d_array_is_refused():
     class Scalar(RangeDataset):
         def __getitems__(self, indices):
@@ -387,6 +393,7 @@ def test_a_batched_result_with_a_0d_array_is_refused():
         list(DataLoader(Scalar(4), batch_size=2))
 
 
+@pytest.mark.pure
 def test_a_right_batched_result_with_non_array_leaves_is_delivered_as_it_is():
     class Named(RangeDataset):
         def __getitems__(self, indices):
@@ -427,6 +434,7 @@ class _Scanned(list):
         return super().__iter__()
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bound, scans", [(None, 2), (12, 0)])
 def test_a_bound_within_len_spares_the_index_scan(bound, scans):
     _Scanned.scans = 0
@@ -434,6 +442,7 @@ def test_a_bound_within_len_spares_the_index_scan(bound, scans):
     assert _Scanned.scans == scans  # min() and max(), unless the bound proves them in range
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad, bound", [(-1, 2**64), (12, 13)])  # a negative index bounds as a huge one (wire.py)
 def test_a_bound_beyond_len_falls_back_to_the_check_that_names_the_index(bad, bound):
     with pytest.raises(IndexError, match=rf"the sampler gave dataset index {bad} \(at position 1 of the batch "
@@ -500,6 +509,7 @@ def test_a_sampler_of_single_indices_passed_as_batch_sampler_is_torchs_type_erro
 
 
 # ---------------------------------------------------------------- platforms
+@pytest.mark.pure
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
 def test_worker_processes_are_refused_off_linux_with_what_to_do(monkeypatch, platform):
     monkeypatch.setattr("sys.platform", platform)

@@ -197,12 +197,14 @@ def without_transformers(monkeypatch):
     hf_trainer._transformers.cache_clear()
 
 
+@pytest.mark.pure
 def test_without_transformers_the_callback_says_what_to_install(without_transformers):
     with pytest.raises(shmload.OptionalDependencyError, match=r"^ShmloadCheckpoint needs transformers .* pip "
                                                               r"install 'shmload\[hf\]' \(transformers==5.23.0"):
         hf_trainer.ShmloadCheckpoint()
 
 
+@pytest.mark.pure
 def test_without_transformers_the_example_says_what_to_install_and_exits_3(without_transformers, monkeypatch,
                                                                           capsys):
     monkeypatch.setattr(sys, "argv", [SCRIPT])
@@ -212,11 +214,13 @@ def test_without_transformers_the_example_says_what_to_install_and_exits_3(witho
     assert "pip install 'shmload[hf]'" in capsys.readouterr().err
 
 
+@pytest.mark.pure
 def test_the_state_file_is_per_process_when_there_are_several():
     assert hf_trainer.loader_state_file("ck") == os.path.join("ck", "shmload_loader.json")
     assert hf_trainer.loader_state_file("ck", 1, 2) == os.path.join("ck", "shmload_loader.rank1.json")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", ["ignore_data_skip", "enable_jit_checkpoint"])
 def test_training_arguments_that_cannot_resume_exactly_are_refused(name):
     args = types.SimpleNamespace(ignore_data_skip=False, enable_jit_checkpoint=False)
@@ -239,6 +243,7 @@ def resumed_loader(next_batch):
     return fresh, state
 
 
+@pytest.mark.pure
 def test_the_trainers_skip_returns_the_resumed_loader_when_the_counts_agree():
     original = []
     skip = hf_trainer._wrap_skip(lambda loader, n: original.append((loader, n)) or "rebuilt")
@@ -258,6 +263,7 @@ def test_the_trainers_skip_returns_the_resumed_loader_when_the_counts_agree():
     assert [b.tolist() for b in loader] == [order[i:i + 4] for i in range(16, 40, 4)]  # batches 4 to 9
 
 
+@pytest.mark.pure
 def test_a_position_counts_the_batches_handed_out_beyond_the_next_one():
     assert hf_trainer.delivered_batches({"kind": "map", "next_batch": 3, "delivered_beyond": [5, 6]}) == 5
     assert hf_trainer.delivered_batches({"kind": "iterable", "streams": []}) is None

@@ -183,6 +183,7 @@ class _SelfInterruptingDataset:
         return i
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("kind", sorted(_KINDS))
 def test_an_interrupted_batch_is_the_next_one_with_num_workers_0(kind):
     """Before: the interrupted batch was skipped (next() returned the one after it) while
@@ -201,6 +202,7 @@ def test_an_interrupted_batch_is_the_next_one_with_num_workers_0(kind):
     assert [b.tolist() for b in resumed] == got[2:]
 
 
+@pytest.mark.pure
 def test_a_dataset_error_is_still_raised_at_its_position_with_num_workers_0():
     """An exception of the dataset's own is the batch's (torch's rule), not an interrupt:
     the next next() goes on with the batch after it."""
@@ -216,6 +218,7 @@ def test_a_dataset_error_is_still_raised_at_its_position_with_num_workers_0():
     assert next(it).tolist() == [8, 9, 10, 11]
 
 
+@pytest.mark.pure
 def test_ctrl_c_in_a_single_process_load_leaves_the_batch_to_the_resumed_run():
     class Interrupting(AugmentedDataset):
         def __getitem__(self, i):
@@ -320,6 +323,7 @@ class _InterruptedGenerator:
             yield i
 
 
+@pytest.mark.pure
 def test_an_iterable_source_cut_by_an_interrupt_says_so_and_resumes():
     """num_workers=0: an exception passing through a generator ends it, so the epoch must
     not go on as if the stream had ended (before: 8 of 24 samples, then a normal end)."""
@@ -523,6 +527,7 @@ def test_loader_creation_interrupted_at_random_points_leaves_no_entry():
     assert _children() <= children_before
 
 
+@pytest.mark.pure
 @pytest.mark.shm_names
 @pytest.mark.parametrize("signum,handler,exc", [(signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
                                                 (signal.SIGTERM, _raise_system_exit, SystemExit)])
@@ -579,6 +584,7 @@ def test_ctrl_c_while_spawned_workers_start_is_one_traceback(method, delay):
 
 
 # ---------------------------------------------------------------- the gate (_core/_platform.py)
+@pytest.mark.pure
 def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
     from shmload._core import _platform
     order = []
@@ -609,6 +615,7 @@ def test_a_window_defers_any_handlers_exception_to_its_end_and_marks_it():
     assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
 
 
+@pytest.mark.pure
 def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
     """A gate wraps one handler: putting back a saved gate brings back its handler, not the
     one installed meanwhile (with one shared gate, a temporary handler stayed for ever)."""
@@ -627,6 +634,7 @@ def test_a_handler_restored_after_a_window_wrapped_another_is_the_one_it_was():
     assert calls == ["first"]
 
 
+@pytest.mark.pure
 def test_a_window_interrupted_as_its_wait_ends_restores_its_depth():
     """A handler can raise at the first bytecode of interruptible.__exit__, before it put
     the depth back; the window's close must still leave no window open (before: depth -1,
@@ -644,6 +652,7 @@ def test_a_window_interrupted_as_its_wait_ends_restores_its_depth():
             time.sleep(0.5)
 
 
+@pytest.mark.pure
 def test_a_handlers_exception_leaves_the_signals_after_it_pending_not_lost():
     from shmload._core import _platform
     calls = []
@@ -742,6 +751,7 @@ def test_threads_sharing_one_iterator_get_each_batch_exactly_once():
     assert sorted(got) == [[i, i + 1, i + 2, i + 3] for i in range(0, 800, 4)]
 
 
+@pytest.mark.pure
 def test_threads_sharing_one_single_process_iterator_get_each_batch_exactly_once():
     loader = DataLoader(RangeDataset(400), batch_size=4)
     it = iter(loader)

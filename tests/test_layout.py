@@ -13,6 +13,8 @@ from shmload._batching import layout as L
 
 from .helpers import Pair
 
+pytestmark = pytest.mark.pure
+
 
 def test_arrays_are_stacked_and_scalars_become_1d_arrays():
     samples = [(np.full((2, 3), i, np.float32), i, float(i) / 2, bool(i % 2)) for i in range(4)]

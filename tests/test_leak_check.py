@@ -48,6 +48,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.stdout.close()
 
 
+@pytest.mark.pure
 def test_a_segment_left_under_shmload_s_name_is_caught():
     before = snapshot()
     name = NAME_PREFIX + "leakcheck-" + secrets.token_hex(8)
@@ -224,6 +225,7 @@ def test_a_child_process_left_alive_is_caught():
         child.wait(10)
 
 
+@pytest.mark.pure
 @pytest.mark.shm_names
 def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
     # what lets the autouse check fail a test in which the default backend shows a name
@@ -285,6 +287,7 @@ def test_a_process_started_and_gone_is_seen_by_the_pure_check(start, count, seen
         assert_started_nothing(since)
 
 
+@pytest.mark.pure
 def test_a_loader_without_workers_starts_no_process():
     since = len(LAUNCHED)
     _loader(0)()

@@ -67,6 +67,7 @@ def test_same_seed_gives_bit_identical_batches_for_any_num_workers():
     assert any(a.tobytes() != b.tobytes() for a, (b, _, _) in zip(other_seed, runs[0]))
 
 
+@pytest.mark.pure
 def test_num_workers_zero_does_not_disturb_the_callers_random_state():
     np.random.seed(0)
     expected = np.random.rand()
@@ -87,6 +88,7 @@ def test_epochs_reshuffle_and_set_epoch_reproduces_one():
     assert sorted(e2[0]) == list(range(30))
 
 
+@pytest.mark.pure
 def test_seed_none_is_drawn_once_and_recorded():
     loader = DataLoader(RangeDataset(10), batch_size=10, shuffle=True)
     assert isinstance(loader.seed, int)
@@ -230,6 +232,7 @@ def test_settings_changed_after_construction_apply_at_the_next_iter():
         assert [b[0] for b in loader] == ["mine"] * 4
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name,value,match", [
     ("timeout", None, "timeout option should be non-negative"),
     ("slot_bytes", "1MB", "slot_bytes should be a positive integer or None"),

@@ -16,7 +16,7 @@ import pytest
 from shmload._batching.collate import StackPlans, build_local, plan_stack
 from shmload.errors import CollateError
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.pure]
 
 Point = collections.namedtuple("Point", "x y")
 

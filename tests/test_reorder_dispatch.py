@@ -8,6 +8,8 @@ import pytest
 from shmload._loader.reorder import ReorderBuffer, ReorderError
 from shmload._session.dispatch import Dispatcher, prefetch_depth
 
+pytestmark = pytest.mark.pure
+
 
 def test_in_order_delivery_whatever_the_arrival_order():
     r = ReorderBuffer(in_order=True)

@@ -112,6 +112,7 @@ def test_out_of_order_resume_delivers_each_remaining_batch_exactly_once():
     assert_resumes_exactly(make, stops=[4, 9], epochs=1, in_order=False)
 
 
+@pytest.mark.pure
 def test_batch_progress_records_out_of_order_deliveries_compactly():
     p = BatchProgress(start=2)
     for seq in (4, 2, 6, 3):
@@ -122,6 +123,7 @@ def test_batch_progress_records_out_of_order_deliveries_compactly():
     assert (resumed.next_batch, resumed.beyond) == (7, set())
 
 
+@pytest.mark.pure
 def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
     from shmload._loader.progress import BatchProgress
     p = BatchProgress()
@@ -137,6 +139,7 @@ def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
     assert p.saved() == (2, [3, 4])
 
 
+@pytest.mark.pure
 def test_a_held_draw_is_taken_out_of_the_saved_streams():
     from shmload._loader.progress import StreamProgress
     from shmload._transport.messages import StreamPoint
@@ -150,6 +153,7 @@ def test_a_held_draw_is_taken_out_of_the_saved_streams():
     assert (p.draws, p.states) == ([2, 1], ["a2", "b1"])  # the record itself is untouched
 
 
+@pytest.mark.pure
 def test_the_state_is_small_documented_json():
     loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(loader)
@@ -164,6 +168,7 @@ def test_the_state_is_small_documented_json():
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["next_batch"] == 0
 
 
+@pytest.mark.pure
 def test_loading_sets_the_seed_and_the_next_epoch_and_state_dict_returns_it_until_used():
     saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(saved)
@@ -202,6 +207,7 @@ def test_a_sampler_without_state_dict_is_saved_as_a_position_and_re_read_with_on
                                 "sampler": {}})
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad,message", [
     ({"epoch": 0}, r"expected a dict from DataLoader.state_dict\(\), but got dict \{'epoch': 0\}"),
     ([1, 2], r"expected a dict from DataLoader.state_dict\(\), but got list"),
@@ -216,6 +222,7 @@ def test_a_state_that_is_not_ours_is_refused_clearly(bad, message):
         DataLoader(AugmentedDataset()).load_state_dict(bad)
 
 
+@pytest.mark.pure
 def test_a_state_saved_over_another_dataset_rank_or_batching_is_refused():
     small = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=1)
     state = small.state_dict()
@@ -247,6 +254,7 @@ class TorchStyleSampler(SeededSampler):
         self.epoch = epoch
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("stop", [0, 1, 3])
 def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_epochs(stop):
     """The user's loop calls sampler.set_epoch(epoch) before each epoch, also after
@@ -277,6 +285,7 @@ def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_
     assert head + tail == reference
 
 
+@pytest.mark.pure
 def test_set_epoch_after_load_state_dict_cancels_the_resume_unless_it_is_the_saved_epoch():
     saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(saved)
@@ -291,6 +300,7 @@ def test_set_epoch_after_load_state_dict_cancels_the_resume_unless_it_is_the_sav
     assert len(list(loader)) == 10 and loader.state_dict()["epoch"] == 6
 
 
+@pytest.mark.pure
 def test_moving_a_user_sampler_after_loading_a_mid_epoch_state_is_refused():
     saved = DataLoader(AugmentedDataset(), batch_size=4, sampler=SeededSampler(40, seed=1))
     it = iter(saved)
@@ -404,6 +414,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("kind,path,value,message", MALFORMED)
 def test_a_malformed_state_is_a_value_error_naming_the_key_path_and_what_was_expected(kind, path, value, message):
     state = _map_state() if kind == "map" else _iterable_state()
@@ -417,6 +428,7 @@ def test_a_malformed_state_is_a_value_error_naming_the_key_path_and_what_was_exp
     assert fresh.seed == 5 and fresh._resume is None  # refused before anything changed
 
 
+@pytest.mark.pure
 def test_every_problem_of_a_state_is_named_in_one_error():
     state = _changed(_changed(_map_state(), ("batching", "drop_last"), _DELETE), ("epoch",), "1")
     with pytest.raises(ValueError, match=r"^load_state_dict: 2 problems with the state: state\['epoch'\] is '1' \(a "
@@ -426,6 +438,7 @@ def test_every_problem_of_a_state_is_named_in_one_error():
         DataLoader(RangeDataset(20), batch_size=4, shuffle=True).load_state_dict(state)
 
 
+@pytest.mark.pure
 def test_a_state_that_went_through_json_still_loads():
     import json
 
@@ -451,6 +464,7 @@ def test_iterable_resume_is_exact_with_the_sources_state(workers):
     assert_resumes_exactly(make, stops=stops, epochs=2, pairs=pairs, reference_workers=workers)
 
 
+@pytest.mark.pure
 def test_an_iterable_source_without_state_dict_is_saved_as_a_position_and_re_read():
     """Mid-epoch, a source without state_dict() is saved as draws per stream (one
     warning); the resume re-reads each stream and skips the draws delivered: exact for a

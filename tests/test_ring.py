@@ -6,6 +6,8 @@ import pytest
 from shmload import RingFullError
 from shmload._transport.ring import Ring, SlotState, page_round
 
+pytestmark = pytest.mark.pure
+
 PAGE = page_round(1)
 
 

@@ -11,6 +11,8 @@ from shmload._ordering import seeding
 from shmload._ordering.sampler import Order
 from shmload._ordering.seeding import RangeShuffle, permutation
 
+pytestmark = pytest.mark.pure
+
 
 def test_sequential():
     assert list(SequentialSampler(range(5))) == [0, 1, 2, 3, 4]

@@ -16,6 +16,8 @@ from shmload._ordering.sharding import DistributedWarning, decide, looks_distrib
 
 from .helpers import AugmentedDataset, RangeDataset
 
+pytestmark = pytest.mark.pure
+
 
 class TorchLikeDistributed:
     """What torch's, Lightning's and accelerate's distributed samplers have in common."""
