@@ -41,15 +41,24 @@ the POSIX backend, may show one (or all, in a run with SHMLOAD_SHM_BACKEND=posix
 scripts a test runs (their pids are not known by the time the name is read; each such
 script's leaks are still caught by rule 1), and sees nothing where inotify cannot be had
 or its queue overflowed on a very busy /dev/shm.
+
+A test marked ``pure`` (the fast lane, ``pytest -m pure``) must start no process at all,
+not even one that is gone by the test's end: the fixture fails it if this process
+started any during the test (:data:`LAUNCHED`, which sees every way Python starts one;
+a ``num_workers=0`` loader starts none).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import multiprocessing.process
+import multiprocessing.util
 import os
 import struct
+import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -71,6 +80,68 @@ def pytest_configure(config):
     inherited = multiprocessing.process.current_process()._config  # what child processes inherit
     if inherited.get("semprefix") == "/mp":  # CPython's default; a private detail, so only if it is there
         inherited["semprefix"] = SEMPREFIX
+    _watch_launches()
+
+
+# Every process the test process starts, described, in order (the module docstring's last
+# paragraph). Python raises an audit event for each way it starts one (os.fork, so
+# multiprocessing's fork, os.forkpty, os.posix_spawn(p), os.spawn*, os.system,
+# subprocess.Popen), except multiprocessing's spawn and forkserver, which start theirs
+# through _posixsubprocess or a request to the fork server: those are seen where they
+# begin, BaseProcess.start, and util.spawnv_passfds (which also starts the resource
+# tracker and the fork server). One start is one entry: what a start does inside (the
+# fork of a ForkProcess, the resource tracker a first SpawnProcess starts) is not counted
+# again. Only a fork in C code outside Python goes unseen.
+LAUNCHED: list[str] = []
+_LAUNCHING_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system",
+                               "subprocess.Popen"})
+_TEST_PID = os.getpid()
+_STARTING = threading.local()  # .depth: inside a start already counted
+
+
+def _launched(what: str) -> None:
+    if os.getpid() == _TEST_PID and not getattr(_STARTING, "depth", 0):  # (not a forked child's)
+        LAUNCHED.append(what)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event in _LAUNCHING_EVENTS:
+        _launched(f"{event}{args[:2]!r}"[:200])
+
+
+def _counted(function, describe):
+    @functools.wraps(function)
+    def counted(*args, **kwargs):
+        _launched(describe(*args)[:200])
+        _STARTING.depth = getattr(_STARTING, "depth", 0) + 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _STARTING.depth -= 1
+    return counted
+
+
+def _watch_launches() -> None:
+    sys.addaudithook(_audit)  # (for good: an audit hook cannot be removed)
+    process = multiprocessing.process.BaseProcess
+    process.start = _counted(process.start, lambda self: f"multiprocessing start of {self!r}")
+    multiprocessing.util.spawnv_passfds = _counted(multiprocessing.util.spawnv_passfds,
+                                                   lambda path, args, passfds: f"spawnv_passfds{tuple(args)!r}")
+
+
+def assert_started_nothing(since: int, what: str = "a test marked pure") -> None:
+    """Fail if this process started a process since ``LAUNCHED`` held ``since`` entries."""
+    started = LAUNCHED[since:]
+    assert not started, f"{what} started {len(started)} process(es): {'; '.join(started)}"
+
+
+def pytest_collection_finish(session):
+    # Every test's check collects garbage (assert_nothing_new), and a full collection of
+    # what the collected suite holds took about 0.2 s a test. What exists now is the
+    # modules and the collected tests, garbage for none of them: frozen, each collection
+    # looks only at what came since.
+    gc.collect()
+    gc.freeze()
 
 
 def _entries() -> set[str]:
@@ -236,8 +307,11 @@ def _own_names(names: list[str]) -> list[str]:
 def no_leaks(request):
     before = snapshot()
     _WATCH.created()
+    launched = len(LAUNCHED)
     yield
     shown = _own_names(_WATCH.created())
+    if request.node.get_closest_marker("pure") is not None:
+        assert_started_nothing(launched)
     assert_nothing_new(before)
     if request.node.get_closest_marker("shm_names") is None and os.environ.get("SHMLOAD_SHM_BACKEND") != "posix":
         assert not shown, f"the default backend showed segment names in /dev/shm: {shown}"

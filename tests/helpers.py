@@ -10,10 +10,43 @@ import signal
 import time
 
 import numpy as np
+import psutil
 
-from shmload import DeferredArray
+from shmload import DeferredArray, RandomSampler
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
+
+TIMEOUT = 30  # seconds, for loaders with workers: a hang fails the test instead of the run
+
+
+def gone(pids, within=5.0):
+    """Whether the processes ``pids`` have all exited (or are zombies) within ``within``
+    seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def rows_of(loader):
+    return [b.tolist() if isinstance(b, np.ndarray) else b for b in loader]
+
+
+def shuffled_order(n: int, epoch: int, seed: int = 0) -> list[int]:
+    """The order of ``range(n)`` that ``shuffle=True`` and ``seed`` give in ``epoch``, as a
+    user can have it: from the public :class:`RandomSampler`."""
+    sampler = RandomSampler(range(n), seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
 
 
 class RangeDataset:

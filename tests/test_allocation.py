@@ -1,4 +1,6 @@
-"""allocation.py's :class:`SlotAllocator` without processes: a real ``Ring`` over fake
+"""Internals, tested on purpose (``shmload._session.allocation``, ``dispatch``,
+``shmload._transport.ring``): allocation.py's :class:`SlotAllocator` without processes: a
+real ``Ring`` over fake
 segments, a real ``Dispatcher``, and the states the session would bring them to (tasks
 recorded as ``try_dispatch`` records them, NeedSpace as ``_handle`` passes it on, slots
 READY and HELD as ``_handle`` and lifetime.py set them).
@@ -22,7 +24,7 @@ from shmload._session.dispatch import Dispatcher, InFlight
 from shmload._transport.messages import NeedSpace, Task
 from shmload._transport.ring import Ring, SlotState, page_round
 
-pytestmark = pytest.mark.timeout(10)  # pure bookkeeping: anything slower is a loop that does not end
+pytestmark = [pytest.mark.timeout(10), pytest.mark.pure]  # pure bookkeeping: anything slower is a loop that does not end
 
 PAGE = page_round(1)
 IT = 1  # the current iteration

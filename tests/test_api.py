@@ -17,6 +17,7 @@ TORCH_KEYWORDS = ["dataset", "batch_size", "shuffle", "sampler", "batch_sampler"
                   "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order"]
 
 
+@pytest.mark.pure
 def test_public_exports_do_not_drift():
     assert sorted(shmload.__all__) == sorted([
         "BatchSampler", "CollateError", "DataLoader", "LoaderTimeoutError", "OptionalDependencyError",
@@ -51,6 +52,7 @@ def _shmloads_own(base: type) -> dict[str, type]:
     return found
 
 
+@pytest.mark.pure
 def test_error_hierarchy():
     # errors.py's promise: everything shmload raises of its own is a ShmloadError, and
     # every warning of its own a ShmloadWarning; public ones keep the builtin bases
@@ -72,6 +74,15 @@ def test_error_hierarchy():
     assert issubclass(shmload.PinningError, shmload.ShmloadError)
 
 
+@pytest.mark.pure
+def test_every_shortage_of_shared_memory_is_a_shared_memory_error():
+    assert issubclass(shmload.RingFullError, shmload.SharedMemoryError)
+    for name in ("SharedMemoryError", "RingFullError"):
+        cls = getattr(shmload, name)
+        assert issubclass(cls, shmload.ShmloadError) and issubclass(cls, MemoryError)
+
+
+@pytest.mark.pure
 def test_signature_keeps_torch_positional_order():
     params = list(inspect.signature(DataLoader).parameters)
     assert params[:13] == TORCH_KEYWORDS[:13]
@@ -79,11 +90,13 @@ def test_signature_keeps_torch_positional_order():
     assert {"seed", "output", "slot_bytes", "max_shm_bytes"} <= set(params)
 
 
+@pytest.mark.pure
 def test_positional_arguments_work_like_torch():
     loader = DataLoader(RangeDataset(6), 3, False)
     assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
 
 
+@pytest.mark.pure
 def test_attributes_tools_read_to_rebuild_loaders():
     ds = RangeDataset(10)
     loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, drop_last=True, seed=3)
@@ -96,11 +109,13 @@ def test_attributes_tools_read_to_rebuild_loaders():
         loader.batch_size = 8
 
 
+@pytest.mark.pure
 def test_unknown_keyword_is_a_type_error():
     with pytest.raises(TypeError, match="unexpected keyword argument 'num_wokers'"):
         DataLoader(RangeDataset(3), num_wokers=2)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("kwargs,match", [
     (dict(multiprocessing_context="spawn"), r"multiprocessing_context can only be used with multi-process loading "
                                             r"\(num_workers > 0\), but got num_workers=0"),
@@ -126,11 +141,13 @@ def test_bad_arguments_are_refused_with_a_clear_message(kwargs, match):
         DataLoader(RangeDataset(3), **kwargs)
 
 
+@pytest.mark.pure
 def test_defaults_that_torch_refuses_without_workers_are_accepted():
     loader = DataLoader(RangeDataset(4), batch_size=2, prefetch_factor=4, persistent_workers=True, pin_memory=False)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
+@pytest.mark.pure
 def test_a_generator_object_is_refused_with_the_fix():
     with pytest.raises(TypeError, match=r"the dataset is an iterator \(generator\), which can be read once.*"
                                         r"Pass a function that makes it"):
@@ -142,6 +159,7 @@ class _SizedOnly:
         return 3
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("dataset,missing", [(object(), "__getitem__ or __len__"), (_SizedOnly(), "__getitem__")])
 def test_a_dataset_that_is_neither_map_style_nor_iterable_is_refused(dataset, missing):
     with pytest.raises(TypeError, match=r"should be a map-style dataset \(with __getitem__ and __len__\), an "
@@ -155,6 +173,7 @@ def test_multiprocessing_context_object_is_accepted():
     assert loader.multiprocessing_context is ctx and [b.tolist() for b in loader] == [[0, 1], [2, 3]]
 
 
+@pytest.mark.pure
 def test_set_epoch_is_forwarded_to_a_user_sampler():
     class EpochSampler(SequentialSampler):
         epochs = []

@@ -17,6 +17,7 @@ def _run(seconds, batches=10, batch_bytes=1_000_000, **extra):
             **extra}
 
 
+@pytest.mark.pure
 def test_a_run_is_summarized_from_its_median_epoch_and_per_batch_totals():
     s = report.summarize_run(_run([1.0, 0.5, 2.0]))
     assert s["batches_per_s"] == 10 and s["mb_per_s"] == 10 and s["images_per_s"] == 40
@@ -24,6 +25,7 @@ def test_a_run_is_summarized_from_its_median_epoch_and_per_batch_totals():
     assert s["peak_pss_above_start_mb"] == 200 and s["checksum_ok"]
 
 
+@pytest.mark.pure
 def test_a_wrong_checksum_is_reported_unless_the_epoch_had_duplicates():
     run = _run([1.0])
     run["epochs"][0]["checksum"] = 6.0
@@ -32,12 +34,14 @@ def test_a_wrong_checksum_is_reported_unless_the_epoch_had_duplicates():
     assert report.summarize_run(run)["checksum_ok"]
 
 
+@pytest.mark.pure
 def test_runs_combine_to_medians_with_their_range_and_skips_are_kept():
     combined = report.combine([_run([1.0]), _run([0.5]), _run([0.25]), {"error": "timed out"}])
     assert combined["batches_per_s"] == 20 and combined["batches_per_s_range"] == (10, 40) and combined["runs"] == 3
     assert report.combine([{"skipped": "cannot import spdl"}]) == {"skipped": "cannot import spdl"}
 
 
+@pytest.mark.pure
 def test_targets_compare_shmload_with_the_named_peers():
     results = {"tiny": {"shmload": report.combine([_run([0.1])]), "torch": report.combine([_run([1.0])]),
                         "tp-runner": report.combine([_run([0.05])])}}
@@ -49,6 +53,7 @@ def test_targets_compare_shmload_with_the_named_peers():
     assert "[MISSED]" in by_text["tiny: shmload / torch DataLoader"].line()
 
 
+@pytest.mark.pure
 def test_the_table_names_every_loader_and_flags_unordered_and_duplicate_output():
     shm = report.combine([_run([0.1])])
     runner = report.combine([_run([0.2])])
@@ -58,6 +63,7 @@ def test_the_table_names_every_loader_and_flags_unordered_and_duplicate_output()
     assert "8 dup / 8 missing samples, unordered" in text
 
 
+@pytest.mark.pure
 def test_the_soak_slope_ignores_the_warm_up_half_and_is_per_hour():
     from benchmarks.soak import slope
 
@@ -83,6 +89,7 @@ def test_the_pinned_benchmark_says_why_it_measures_nothing_without_cuda():
                     done.stdout)
 
 
+@pytest.mark.pure
 def test_an_epochs_checks_run_after_its_clocks_stop(monkeypatch):
     """The checks (np.unique over every label: ~45 ms for a tiny epoch) are the benchmark's
     own work, not the loader's: inside the clocks they were a third of a tiny epoch."""

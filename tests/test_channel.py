@@ -1,4 +1,5 @@
-"""channel.py in one process: the main process's :class:`Channel` and the worker's
+"""Internals, tested on purpose (``shmload._transport.channel`` and ``messages``):
+channel.py in one process: the main process's :class:`Channel` and the worker's
 :class:`Inbox` (with the worker's sending ``Connection``) on the two ends of one
 ``socket.socketpair()``, as supervisor.py and worker.py hold them. No worker processes.
 
@@ -46,7 +47,7 @@ from shmload._transport.messages import (
 )
 from shmload.errors import RemoteError, ShmloadError
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.pure]
 
 WAIT = 5.0  # seconds any one exchange may take before the test fails
 BIG = 3 * channel_module._READ_SIZE  # larger than one read and than the socket's buffer

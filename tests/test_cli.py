@@ -70,6 +70,7 @@ def image_folder(root) -> str:
 
 
 # ---------------------------------------------------------------- mistakes, one line each
+@pytest.mark.pure
 def test_pack_into_an_existing_folder_names_it_and_the_fix(tmp_path, capsys):
     out = tmp_path / "out.records"
     out.mkdir()
@@ -77,6 +78,7 @@ def test_pack_into_an_existing_folder_names_it_and_the_fix(tmp_path, capsys):
     assert re.fullmatch(r"shmload pack: '.*out\.records' exists already; .*remove it or give another OUT_DIR", line)
 
 
+@pytest.mark.pure
 def test_pack_of_a_missing_source_folder_names_it_and_the_layout(tmp_path, capsys):
     line = one_error_line(capsys, 2, ["pack", str(tmp_path / "nowhere"), str(tmp_path / "out")])
     assert re.fullmatch(r"shmload pack: the image folder '.*nowhere' does not exist; give the folder that holds "
@@ -84,29 +86,34 @@ def test_pack_of_a_missing_source_folder_names_it_and_the_layout(tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.pure
 def test_pack_of_a_folder_without_class_folders_says_the_layout(tmp_path, capsys):
     line = one_error_line(capsys, 2, ["pack", str(tmp_path), str(tmp_path / "out")])
     assert re.fullmatch(r"shmload pack: no class folders in '.*'; expected the layout root/<class>/<image>", line)
 
 
+@pytest.mark.pure
 def test_profile_of_a_module_that_does_not_exist_says_where_it_looked(capsys):
     line = one_error_line(capsys, 2, ["profile", "nosuch_module_xyz:thing"])
     assert re.fullmatch(r"shmload profile: no module named 'nosuch_module_xyz' in .* or the installed packages; "
                         r"check the name, .*give its path \(\./mydata\.py\)", line)
 
 
+@pytest.mark.pure
 def test_profile_of_a_missing_attribute_suggests_the_close_name(capsys):
     line = one_error_line(capsys, 2, ["profile", "tests.helpers:small_datset"])
     assert re.fullmatch(r"shmload profile: module 'tests\.helpers' has no attribute 'small_datset'; "
                         r"did you mean 'small_dataset'\?", line)
 
 
+@pytest.mark.pure
 def test_profile_of_a_missing_python_file_names_the_path(tmp_path, capsys):
     line = one_error_line(capsys, 2, ["profile", f"{tmp_path}/absent.py:make"])
     assert re.fullmatch(r"shmload profile: no Python file at .*absent\.py; give the path of a \.py file, "
                         r"or a module name", line)
 
 
+@pytest.mark.pure
 def test_profile_of_a_file_python_cannot_load_says_so(tmp_path, capsys):
     (tmp_path / "data.txt").write_text("def make(): return [1, 2, 3]\n")
     line = one_error_line(capsys, 2, ["profile", f"{tmp_path}/data.txt:make"])
@@ -115,17 +122,20 @@ def test_profile_of_a_file_python_cannot_load_says_so(tmp_path, capsys):
     assert "data" not in sys.modules  # (nothing left behind under the file's name)
 
 
+@pytest.mark.pure
 def test_a_factory_that_raises_is_named_with_its_exception(user_module, capsys):
     line = one_error_line(capsys, 2, ["profile", f"{user_module}:fails"])
     assert re.fullmatch(r"shmload profile: .*userdata_cli\.py:fails raised ValueError: no data here; "
                         r"run with --debug for the traceback", line)
 
 
+@pytest.mark.pure
 def test_a_factory_that_needs_arguments_is_explained(user_module, capsys):
     line = one_error_line(capsys, 2, ["profile", f"{user_module}:needs"])
     assert re.fullmatch(r"shmload profile: .*:needs needs arguments, but FACTORY is called with none: .*", line)
 
 
+@pytest.mark.pure
 def test_a_module_that_fails_to_import_is_named_with_its_exception(tmp_path, monkeypatch, capsys):
     (tmp_path / "userdata_typo.py").write_text("import numpy as np\nx = np.nosuch\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -146,6 +156,7 @@ def test_a_dataset_whose_getitem_raises_is_one_line_with_what_failed(user_module
                         rf"{where}: sample \d+ is broken; run with --debug for the traceback", line)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("argv, message", [
     (["profile", "tests.helpers:small_dataset", "--workers", "1,x"],
      r"argument --workers: expected worker counts 0 or more separated by commas, like 1,2,4, got '1,x'"),
@@ -169,11 +180,13 @@ def test_a_bad_argument_is_one_line_pointing_to_help(capsys, argv, message):
     assert re.fullmatch(rf"{command}: {message}.*; see '{command} --help'", line)
 
 
+@pytest.mark.pure
 def test_no_command_is_one_line_pointing_to_help(capsys):
     line = one_error_line(capsys, 2, [])
     assert re.fullmatch(r"shmload: the following arguments are required: COMMAND; see 'shmload --help'", line)
 
 
+@pytest.mark.pure
 def test_profile_refuses_a_plot_into_a_missing_folder_before_loading(tmp_path, capsys):
     line = one_error_line(capsys, 2, ["profile", "tests.helpers:small_dataset", "--plot", f"{tmp_path}/no/p.png"])
     assert re.fullmatch(r"shmload profile: --plot .*p\.png: the folder .*no does not exist; create it or choose "
@@ -181,6 +194,7 @@ def test_profile_refuses_a_plot_into_a_missing_folder_before_loading(tmp_path, c
 
 
 # ---------------------------------------------------------------- --debug and SHMLOAD_DEBUG
+@pytest.mark.pure
 def test_debug_prints_the_users_traceback_before_the_line(user_module, capsys):
     assert main(["--debug", "profile", f"{user_module}:fails"]) == 2
     err = capsys.readouterr().err
@@ -189,6 +203,7 @@ def test_debug_prints_the_users_traceback_before_the_line(user_module, capsys):
     assert re.search(r"\nshmload profile: .*:fails raised ValueError: no data here\n\Z", err)  # no --debug hint
 
 
+@pytest.mark.pure
 def test_shmload_debug_in_the_environment_does_the_same(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SHMLOAD_DEBUG", "1")
     assert main(["pack", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
@@ -197,6 +212,7 @@ def test_shmload_debug_in_the_environment_does_the_same(tmp_path, monkeypatch, c
     assert err.splitlines()[-1].startswith("shmload pack: the image folder")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("value", ["", "0", "false", "No", "off"])
 def test_shmload_debug_set_to_a_no_does_not_print_the_traceback(tmp_path, monkeypatch, capsys, value):
     monkeypatch.setenv("SHMLOAD_DEBUG", value)
@@ -235,6 +251,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(action.choices)
 
 
+@pytest.mark.pure
 def test_every_option_of_every_command_has_help_with_its_default():
     parser = build_parser()
     commands = _subparsers(parser)
@@ -249,6 +266,7 @@ def test_every_option_of_every_command_has_help_with_its_default():
                 assert re.search(r"\(default: [^)]+\)", action.help), (name, action.dest, action.help)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("command", ["profile", "demo", "pack"])
 def test_each_commands_help_tells_how_to_get_a_traceback(capsys, command):
     assert main([command, "--help"]) == 0
@@ -257,6 +275,7 @@ def test_each_commands_help_tells_how_to_get_a_traceback(capsys, command):
     assert re.search(r"exits\s+with\s+status\s+2", out)
 
 
+@pytest.mark.pure
 def test_profile_help_describes_the_options_in_user_words(capsys):
     assert main(["profile", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -268,6 +287,7 @@ def test_profile_help_describes_the_options_in_user_words(capsys):
     assert "MB/s (10**6 bytes a second)" in out
 
 
+@pytest.mark.pure
 def test_top_level_help_names_the_commands_and_debug(capsys):
     assert main(["--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -286,12 +306,14 @@ def _run(num_workers: int, others: float | None, cores: int = 2, duration: float
     return LoaderStats(duration, num_workers, cores, 2, main_stats, workers, None, machine_cpu=machine)
 
 
+@pytest.mark.pure
 def test_contention_during_the_runs_flags_the_recommendation():
     text = contention_warning({0: _run(0, 0.05), 1: _run(1, 0.9), 2: _run(2, 0.4)})
     assert text == ("other programs used up to 0.90 of the 2 usable cores during the runs (num_workers=1, 2): "
                     "the recommendation may be too low; run again on a quiet machine")
 
 
+@pytest.mark.pure
 def test_a_quiet_machine_or_an_unknown_load_flags_nothing():
     assert contention_warning({1: _run(1, 0.1), 2: _run(2, 0.15)}) is None  # under 0.2 of a core
     assert contention_warning({1: _run(1, None), 2: _run(2, None)}) is None
@@ -299,6 +321,7 @@ def test_a_quiet_machine_or_an_unknown_load_flags_nothing():
     assert contention_warning({2: _run(2, 3.0, cores=8)}) is None
 
 
+@pytest.mark.pure
 def test_a_worker_error_is_described_by_where_and_its_own_message():
     remote = ValueError('Caught ValueError in DataLoader worker process 1 while loading batch 7 (dataset indices '
                         '[1, 2]).\nOriginal Traceback (most recent call last):\n  File "x.py", line 3, in get\n'

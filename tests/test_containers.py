@@ -1,7 +1,9 @@
 """Running where training runs: a container's 64 MB /dev/shm, its memory limit, and the
 ring's default bound read from them (shmload/_transport/limits.py).
 
-The unit tests give limits.py fake cgroup trees (v1, v2, nested, unlimited); the scripts
+The unit tests give limits.py fake cgroup trees (v1, v2, nested, unlimited), and choose
+between the two backends of shm.py: tests of internals (``shmload._transport.limits``
+and ``shm``), on purpose. The scripts
 run in a private /dev/shm (a mount namespace, as root) or a memory cgroup of their own
 (as root, where this machine's cgroups can be written), and skip cleanly elsewhere.
 """
@@ -53,6 +55,7 @@ def bound(tmp_path, backend="memfd", shm_dir=None):
                                 shm_dir=shm_dir)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_tightest_limit_up_the_hierarchy_less_its_working_set(tmp_path, version):
     # the job's own cgroup has no limit; its parent (the container) has 1 GiB, of which
@@ -69,6 +72,7 @@ def test_the_tightest_limit_up_the_hierarchy_less_its_working_set(tmp_path, vers
     assert "docker run --memory" in b.remedy
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("version", [1, 2])
 def test_no_limit_leaves_the_machines_available_memory(tmp_path, version):
     fake_machine(tmp_path, version, {"/": (None, GIB, 0), "/job/step": (None, GIB, 0)}, available=6 * GIB)
@@ -77,17 +81,20 @@ def test_no_limit_leaves_the_machines_available_memory(tmp_path, version):
                                         "(MemAvailable 6.00 GiB)", "free memory on this machine (other programs use it)", "")
 
 
+@pytest.mark.pure
 def test_available_memory_below_the_containers_limit_is_the_bound(tmp_path):
     fake_machine(tmp_path, 2, {"/": (None, 0, 0), "/job/step": (8 * GIB, GIB, 0)}, available=2 * GIB)
     assert bound(tmp_path).bytes == GIB and "MemAvailable 2.00 GiB" in bound(tmp_path).source
 
 
+@pytest.mark.pure
 def test_a_container_with_its_own_cgroup_namespace(tmp_path):
     # inside the namespace the path is "/" and the mount is the container's own cgroup
     fake_machine(tmp_path, 2, {"/": (512 * MIB, 112 * MIB, 0)}, path="/")
     assert bound(tmp_path).bytes == 200 * MIB
 
 
+@pytest.mark.pure
 def test_a_host_path_outside_the_mounted_part_falls_back_to_the_mount(tmp_path):
     # a container without a cgroup namespace sees the host's path, mounted from its own cgroup
     fake_machine(tmp_path, 1, {"/": (256 * MIB, 56 * MIB, 0)}, path="/kubepods/pod1/c1", mount_root="/kubepods/pod1/c1")
@@ -98,6 +105,7 @@ def test_a_host_path_outside_the_mounted_part_falls_back_to_the_mount(tmp_path):
     assert bound(other).bytes == 100 * MIB
 
 
+@pytest.mark.pure
 def test_odd_mount_lines_escaped_paths_and_paths_out_of_the_mount(tmp_path):
     # a mount point with a space (written \040), a line without super options, and a
     # cgroup path that leads out of the mount: read, skipped, and not followed
@@ -114,12 +122,14 @@ def test_odd_mount_lines_escaped_paths_and_paths_out_of_the_mount(tmp_path):
     assert limits.cgroup_limit(str(proc)) == (GIB, "cgroup v2 memory.max 1.00 GiB, 0 B in use")
 
 
+@pytest.mark.pure
 def test_no_cgroup_files_at_all_is_not_an_error(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "meminfo").write_text("MemAvailable: 1048576 kB\n")
     assert limits.cgroup_limit(str(tmp_path / "proc")) is None and bound(tmp_path).bytes == 512 * MIB
 
 
+@pytest.mark.pure
 def test_dev_shm_bounds_only_the_posix_backend(tmp_path, monkeypatch):
     fake_machine(tmp_path, 2, {"/": (None, 0, 0), "/job/step": (None, 0, 0)}, available=64 * GIB)
     monkeypatch.setattr(limits, "shm_free", lambda shm_dir=None: 5 * GIB)
@@ -228,6 +238,7 @@ class Small:
         return np.full(4, i, np.int64)
 
 
+@pytest.mark.pure
 def test_a_wrong_backend_is_a_clear_error_from_the_argument_or_the_environment(monkeypatch):
     with pytest.raises(ValueError, match=r"^shm_backend should be 'memfd' or 'posix' \(or unset: memfd where the "
                                          r"kernel has it\), but got 'tmpfs'$"):
@@ -237,6 +248,7 @@ def test_a_wrong_backend_is_a_clear_error_from_the_argument_or_the_environment(m
         DataLoader(Small())
 
 
+@pytest.mark.pure
 def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkeypatch):
     from shmload import SharedMemoryError
     from shmload._transport import shm
@@ -250,6 +262,7 @@ def test_without_memfd_the_default_is_posix_and_asking_for_memfd_says_why(monkey
         DataLoader(Small(), shm_backend="memfd")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("code,kept", [(errno.ENOSYS, False), (errno.EMFILE, None)])
 def test_only_the_kernels_refusal_turns_memfd_off_for_good(monkeypatch, code, kept):
     from shmload._transport import shm
@@ -261,6 +274,7 @@ def test_only_the_kernels_refusal_turns_memfd_off_for_good(monkeypatch, code, ke
     assert shm.memfd_supported() is (kept is not False) and shm._memfd is kept
 
 
+@pytest.mark.pure
 def test_a_segment_past_the_memory_left_is_refused_before_it_is_reserved(tmp_path, monkeypatch):
     # reserving it would have the OOM killer end the process (NOTE [ Check the room before reserving ])
     from shmload import SharedMemoryError

@@ -1,4 +1,5 @@
-"""control.py and wire.py: the shared-memory queues and the records in them.
+"""Internals, tested on purpose (``shmload._transport.control``, ``wire`` and
+``messages``): control.py and wire.py, the shared-memory queues and the records in them.
 
 In one process first (both ends of every queue on one anonymous shared mapping), then
 across a fork, where the two ends run at once: every record arrives once, in order,
@@ -58,6 +59,7 @@ def intact(rec: bytes) -> bool:
 
 
 # ---------------------------------------------------------------- one process
+@pytest.mark.pure
 def test_records_of_every_size_arrive_once_in_order_across_many_wraps():
     _, cb, (end,) = block()
     producer, consumer = cb.tasks[0], end.tasks
@@ -81,6 +83,7 @@ def test_records_of_every_size_arrive_once_in_order_across_many_wraps():
     assert consumer.take() is None or expected
 
 
+@pytest.mark.pure
 def test_a_full_queue_refuses_and_takes_again_once_a_record_is_freed():
     _, cb, (end,) = block()
     producer = cb.tasks[0]
@@ -99,6 +102,7 @@ def test_a_full_queue_refuses_and_takes_again_once_a_record_is_freed():
     assert not sent
 
 
+@pytest.mark.pure
 def test_a_record_of_max_record_bytes_fits_an_empty_queue_wherever_it_stands():
     _, cb, (end,) = block()
     producer = cb.tasks[0]
@@ -110,12 +114,14 @@ def test_a_record_of_max_record_bytes_fits_an_empty_queue_wherever_it_stands():
         assert end.tasks.take() == b"b" * producer.max_record
 
 
+@pytest.mark.pure
 def test_parts_are_one_record():
     _, cb, (end,) = block()
     assert cb.tasks[0].put(b"head", b"", memoryview(b"body"), b"!")
     assert end.tasks.take() == b"headbody!"
 
 
+@pytest.mark.pure
 def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker():
     _, cb, ends = block(3)
     assert ends[2].publish(b"two", b"") and ends[0].publish(b"zero", b"")
@@ -132,6 +138,7 @@ def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker():
     assert cb.take(1) == b"one"
 
 
+@pytest.mark.pure
 def test_reset_gives_a_replacement_empty_queues_whatever_the_dead_one_left():
     _, cb, (end,) = block()
     cb.tasks[0].put(b"held by the dead worker")
@@ -142,6 +149,7 @@ def test_reset_gives_a_replacement_empty_queues_whatever_the_dead_one_left():
     assert end.tasks.take() == b"fresh"
 
 
+@pytest.mark.pure
 def test_areas_do_not_overlap_and_fit_the_segment():
     areas, size = layout_areas(4)
     spans = sorted((a.tasks, a.completions + a.completion_bytes) for a in areas)
@@ -243,6 +251,7 @@ def roundtrip_task(task: Task) -> Task:
     return wire.decode_to_worker(head + bytes(body))
 
 
+@pytest.mark.pure
 def test_a_task_of_python_ints_travels_raw_and_arrives_as_python_ints():
     task = Task(3, 1, 7, [5, 0, 2**40, -3], SlotRef(2, 4096, 1 << 20))
     head, body = wire.encode_task(task)
@@ -251,6 +260,7 @@ def test_a_task_of_python_ints_travels_raw_and_arrives_as_python_ints():
     assert back._replace(bound=None) == task and all(type(i) is int for i in back.load)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("load, bound", [
     ([5, 0, 9], 10),
     ([7], 8),
@@ -261,11 +271,13 @@ def test_raw_indices_arrive_with_a_bound_above_every_one(load, bound):
     assert roundtrip_task(Task(1, 0, 0, load, None)).bound == bound
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("load", [np.array([1, 2]), [1, 2**70], ["a"], 7, []])
 def test_pickled_loads_arrive_without_a_bound(load):
     assert roundtrip_task(Task(1, 0, 0, load, None)).bound is None
 
 
+@pytest.mark.pure
 def test_indices_arrive_as_the_list_the_sampler_would_have_given():
     arr = np.arange(10, 0, -3, dtype=np.int64)
     back = roundtrip_task(Task(1, 0, 0, Indices(arr[::2]), None))  # strided too
@@ -273,6 +285,7 @@ def test_indices_arrive_as_the_list_the_sampler_would_have_given():
     assert back.slot is None
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("load", [
     np.array([1, 2, 3]),  # a custom batch sampler's array: the dataset gets numpy ints, as in torch
     [1, 2**70],  # beyond int64
@@ -291,6 +304,7 @@ def test_any_other_load_is_pickled_and_arrives_as_it_was(load):
             list(map(type, load if isinstance(load, list) else [load]))
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("msg", [
     Done(4, 9, 3, None), Done(4, 9, 0, b"a layout"), Done(1, 2, -1, b"x" * 100, StreamPoint(5, {"k": [1, 2]})),
     Done(1, 2, 7, None, StreamPoint(0, None)), NeedSpace(1, 3, 1 << 30), Shutdown(), Reassign(1, 2, None),
@@ -302,6 +316,7 @@ def test_every_message_survives_its_record(msg):
     assert decode(head + bytes(body)) == msg
 
 
+@pytest.mark.pure
 def test_a_failure_survives_its_record():
     try:
         raise ValueError("bad sample 3")
@@ -312,6 +327,7 @@ def test_a_failure_survives_its_record():
     assert type(back) is Failed and back.error.message == error.message
 
 
+@pytest.mark.pure
 def test_bundles_keep_order_and_stay_under_the_limit():
     msgs = [wire.encode_task(Task(1, 0, seq, list(range(seq * 10)), None)) for seq in range(40)]
     records = wire.bundles(msgs, 2000)
@@ -330,6 +346,7 @@ def layout(n: int, dtype=np.float32) -> Layout:
     return Layout(Seq("list", tuple, (Leaf(0),)), (ArraySpec(0, (n,), np.dtype(dtype)),), 4 * n)
 
 
+@pytest.mark.pure
 def test_worker_numbers_and_main_cache_agree_whatever_order_layouts_come_in():
     ids, cache = wire.LayoutIds(), LayoutCache()
     rng = random.Random(4)
@@ -340,6 +357,7 @@ def test_worker_numbers_and_main_cache_agree_whatever_order_layouts_come_in():
         assert cache.load(0, number, data) == sent
 
 
+@pytest.mark.pure
 def test_a_layout_with_object_leaves_is_pickled_every_time_and_never_kept():
     ids, cache = wire.LayoutIds(), LayoutCache()
     lay = Layout(Seq("list", tuple, (Leaf(0),)), (ObjectValue(["a", "b"]),), 0)
@@ -349,6 +367,7 @@ def test_a_layout_with_object_leaves_is_pickled_every_time_and_never_kept():
         assert cache.load(0, number, data) == lay
 
 
+@pytest.mark.pure
 def test_a_layout_that_cannot_be_unpickled_fails_every_batch_that_names_it():
     cache = LayoutCache()
     with pytest.raises(Exception):

@@ -1,7 +1,9 @@
 """The shared-memory control path (control.py, wire.py) through the public API: what is
 rare must still arrive whole and in its place. A message too large for its queue goes by
 the socket (both ways), tasks the queue has no room for wait in the main process, and
-the batches are those of ``num_workers=0``.
+the batches are those of ``num_workers=0``. To know the rare path was taken, the tests
+read the queues' sizes and count what goes by the socket, reaching into
+``shmload._transport`` on purpose.
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ def test_every_line_once_in_a_deterministic_round_robin(tmp_path, workers):
         assert runs[0][0] == list(range(16)) and runs[0][1] == list(range(48, 64))
 
 
+@pytest.mark.pure
 def test_a_loader_over_the_source_has_no_length(tmp_path):
     write_ids(tmp_path)
     loader = shmload.DataLoader(example.CsvParts(str(tmp_path)), batch_size=BATCH)
@@ -204,6 +205,7 @@ def test_ranks_read_disjoint_shares_that_cover_every_line(tmp_path, monkeypatch,
     assert sorted(got[0] + got[1]) == list(range(sum(LENGTHS)))
 
 
+@pytest.mark.pure
 def test_the_rank_defaults_to_0_of_1_and_is_checked(tmp_path, monkeypatch):
     write_ids(tmp_path)
     source = example.CsvParts(str(tmp_path))
@@ -219,6 +221,7 @@ def test_the_rank_defaults_to_0_of_1_and_is_checked(tmp_path, monkeypatch):
         example.CsvParts(str(empty))
 
 
+@pytest.mark.pure
 def test_the_source_resumes_by_itself(tmp_path):
     """Without the loader: 60 samples, the state, a new source continues with the rest."""
     write_ids(tmp_path)

@@ -33,6 +33,7 @@ def batches(loader) -> list:
 
 
 # ---------------------------------------------------------------- ImageFolder
+@pytest.mark.pure
 def test_image_folder_lists_classes_and_files_in_sorted_order(folder):
     ds = ImageFolder(folder)
     assert ds.classes == ["class000", "class001", "class002"]
@@ -50,6 +51,7 @@ def test_image_folder_lists_classes_and_files_in_sorted_order(folder):
         ds[36]
 
 
+@pytest.mark.pure
 def test_image_folder_scans_subfolders_filters_extensions_and_keeps_no_python_lists(tmp_path):
     for rel in ["b/x.JPG", "b/deep/er/y.png", "b/notes.txt", "a/z.jpeg", "a/.hidden/q.bmp"]:
         path = tmp_path / rel
@@ -66,6 +68,7 @@ def test_image_folder_scans_subfolders_filters_extensions_and_keeps_no_python_li
     assert len(ImageFolder(tmp_path, extensions=(".png",), allow_empty=True)) == 1
 
 
+@pytest.mark.pure
 def test_image_folder_names_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"the root folder .*nowhere' does not exist"):
         ImageFolder(tmp_path / "nowhere")
@@ -105,6 +108,7 @@ def test_a_corrupt_image_is_an_error_naming_the_file_and_index(broken_folder, nu
     loader.close()
 
 
+@pytest.mark.pure
 def test_skip_replaces_a_corrupt_image_by_the_next_readable_one_with_a_warning(broken_folder):
     ds = ImageFolder(broken_folder, on_error="skip")
     with pytest.warns(ShmloadWarning) as caught:
@@ -170,6 +174,7 @@ def test_a_deferred_sample_of_another_shape_is_named(num_workers):
     loader.close()
 
 
+@pytest.mark.pure
 def test_deferred_arrays_outside_the_loader():
     batch = default_collate([{"x": RampArray(i), "y": i} for i in range(3)])
     assert np.array_equal(batch["x"], np.stack([ramp(i) for i in range(3)]))
@@ -190,6 +195,7 @@ def test_deferred_arrays_outside_the_loader():
 
 
 # ---------------------------------------------------------------- ArrayDataset
+@pytest.mark.pure
 def test_array_dataset_rows_and_errors():
     x, y = np.arange(40, dtype=np.float32).reshape(10, 4), np.arange(10) * 10
     ds = ArrayDataset(x, y)
@@ -218,6 +224,7 @@ def test_array_dataset_gathers_batches_into_the_slot(num_workers):
     assert sorted(seen) == list(range(200))
 
 
+@pytest.mark.pure
 def test_array_dataset_with_a_collate_fn_gets_samples():
     def count(samples):
         return {"n": len(samples), "first": samples[0][1]}
@@ -227,6 +234,7 @@ def test_array_dataset_with_a_collate_fn_gets_samples():
         assert [(b["n"], b["first"]) for b in loader] == [(4, 0), (2, 4)]
 
 
+@pytest.mark.pure
 def test_the_public_names_are_exported():
     assert shmload.DeferredArray is not None and shmload.Batched is Batched
     assert issubclass(ImageDecodeError, OSError)

@@ -1,5 +1,7 @@
 """DistributedSampler (pure: no processes) and several ranks' loaders on one node. The
-real torchrun job is in tests/test_torchrun.py."""
+real torchrun job is in tests/test_torchrun.py. Where the rank comes from and how it
+seeds the batches are read from the internals (``shmload._ordering.distributed`` and
+``seeding``), on purpose."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ def shards(n, world_size, **kwargs):
     return [list(DistributedSampler(range(n), num_replicas=world_size, rank=r, **kwargs)) for r in range(world_size)]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("n", [1, 7, 10, 12, 13])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -34,6 +37,7 @@ def test_torch_partition_rules(n, world_size, shuffle):
         assert parts == [padded[r::world_size].tolist() for r in range(world_size)]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("n,world_size", [(10, 3), (12, 3), (2, 3)])
 def test_drop_last_cuts_to_an_even_share_and_the_shares_are_disjoint(n, world_size):
     parts = shards(n, world_size, drop_last=True, shuffle=True)
@@ -42,6 +46,7 @@ def test_drop_last_cuts_to_an_even_share_and_the_shares_are_disjoint(n, world_si
     assert len(flat) == len(set(flat))
 
 
+@pytest.mark.pure
 def test_the_order_is_fixed_by_seed_and_epoch_and_advances_each_epoch():
     a = DistributedSampler(range(100), num_replicas=2, rank=0, seed=4)
     first, second = list(a), list(a)
@@ -55,6 +60,7 @@ def test_the_order_is_fixed_by_seed_and_epoch_and_advances_each_epoch():
     assert list(c) == first and len(c) == 50 and c.num_samples == 50 and c.total_size == 100
 
 
+@pytest.mark.pure
 @pytest.mark.torch
 @pytest.mark.parametrize("n,world_size,drop_last", [(10, 3, False), (10, 3, True), (2, 3, False), (12, 4, False)])
 def test_the_same_partition_as_torch_without_shuffle(n, world_size, drop_last):
@@ -66,6 +72,7 @@ def test_the_same_partition_as_torch_without_shuffle(n, world_size, drop_last):
         assert list(ours) == list(theirs) and len(ours) == len(theirs)
 
 
+@pytest.mark.pure
 def test_rank_and_world_size_come_from_the_torchrun_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
@@ -75,6 +82,7 @@ def test_rank_and_world_size_come_from_the_torchrun_environment(monkeypatch):
     assert DistributedSampler(range(10), rank=1).rank == 1  # given beats found
 
 
+@pytest.mark.pure
 def test_without_torchrun_or_arguments_the_error_says_what_to_do(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
@@ -90,6 +98,7 @@ def test_without_torchrun_or_arguments_the_error_says_what_to_do(monkeypatch):
         DistributedSampler(range(10))
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("kwargs,message", [
     (dict(num_replicas=2, rank=2), r"Invalid rank 2, rank should be in the interval \[0, 1\]"),
     (dict(num_replicas=0, rank=0), r"num_replicas should be a positive integer, but got num_replicas=0"),
@@ -102,11 +111,13 @@ def test_bad_arguments(kwargs, message):
         DistributedSampler(range(10), **kwargs)
 
 
+@pytest.mark.pure
 def test_an_empty_dataset_gives_every_rank_nothing_as_torchs_does():
     sampler = DistributedSampler([], num_replicas=2, rank=1)
     assert (list(sampler), len(sampler), sampler.epoch) == ([], 0, 1)
 
 
+@pytest.mark.pure
 def test_the_samplers_seed_orders_and_the_rank_decorrelates_augmentation():
     """Two ranks' loaders with different loader seeds still split the data by the
     sampler's seed; with the same loader seed their augmentation still differs."""

@@ -44,6 +44,7 @@ def test_state_dict_describes_the_order_a_sampler_moved_after_iter_delivers(work
     assert run(resumed, 1)[0] == [flatten(b) for b in head[1:]]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("how", ["loader", "sampler", "sampler-in-batch-sampler"])
 def test_every_way_of_moving_the_epoch_before_the_first_batch_is_what_the_state_says(how):
     def make(seed=0):
@@ -87,6 +88,7 @@ def test_an_iterator_thrown_away_before_its_first_batch_uses_up_no_epoch(workers
     assert [first, epoch_order(loader)] == expected
 
 
+@pytest.mark.pure
 def test_an_unstarted_iterator_takes_the_epoch_current_at_its_first_batch():
     loader = DataLoader(AugmentedDataset(), batch_size=8, shuffle=True, seed=4)
     a, b = iter(loader), iter(loader)
@@ -97,6 +99,7 @@ def test_an_unstarted_iterator_takes_the_epoch_current_at_its_first_batch():
     assert loader.state_dict()["epoch"] == 2
 
 
+@pytest.mark.pure
 def test_a_failed_first_batch_keeps_the_resume_for_a_retry():
     """A sampler moved after load_state_dict is refused when the epoch begins, and the
     resume waits for the retry."""
@@ -150,6 +153,7 @@ def test_at_end_says_which_batch_is_the_epochs_last_without_reading_ahead(worker
     assert state["epoch"] == 1 and state["next_batch"] == 0  # nothing was held back
 
 
+@pytest.mark.pure
 def test_at_end_of_a_stream_is_unknown_until_it_is_read():
     from .helpers import WorkerStreams
     it = iter(DataLoader(WorkerStreams([5]), batch_size=2))
@@ -157,6 +161,7 @@ def test_at_end_of_a_stream_is_unknown_until_it_is_read():
     assert it.at_end() is True
 
 
+@pytest.mark.pure
 def test_for_accelerate_without_accelerate_names_the_extra_to_install():
     import importlib.util
     if importlib.util.find_spec("accelerate") is not None:
@@ -168,6 +173,7 @@ def test_for_accelerate_without_accelerate_names_the_extra_to_install():
         for_accelerate(DataLoader(AugmentedDataset()))
 
 
+@pytest.mark.pure
 def test_iterators_begun_by_two_threads_at_once_take_two_epochs():
     """The claim is atomic: two threads' first next() never begin the same epoch."""
     loader = DataLoader(AugmentedDataset(), batch_size=40, shuffle=True, seed=2)
@@ -188,6 +194,7 @@ def test_iterators_begun_by_two_threads_at_once_take_two_epochs():
         assert loader.sampler.epoch == loader.state_dict()["epoch"] == max(it.epoch for it in its) + 1
 
 
+@pytest.mark.pure
 def test_set_epoch_after_break_makes_the_state_that_epochs_start():
     """An accelerate- or torch-style loop that breaks out of an epoch, then starts the next
     with set_epoch: a save there is the new epoch's start, not the old epoch's position."""

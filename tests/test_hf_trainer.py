@@ -17,10 +17,9 @@ import types
 import pytest
 
 import shmload
-from shmload._ordering.seeding import permutation
 from shmload.integrations import hf_trainer
 
-from .helpers import RangeDataset
+from .helpers import RangeDataset, shuffled_order
 from .scripts import ROOT, describe, read_jsonl, run_script, torchrun_args
 
 pytestmark = pytest.mark.timeout(300)  # a run imports torch and transformers: ~6 s each
@@ -103,7 +102,7 @@ def test_train_sees_every_sample_once_per_epoch_in_a_new_order(reference):
     assert len(batches) == 2 * BATCHES and final["global_step"] == 2 * BATCHES
     epochs = [[i for e, ids, _ in batches if e == epoch for i in ids] for epoch in (0, 1)]
     for epoch, ids in enumerate(epochs):
-        assert ids == permutation(0, epoch, SAMPLES).tolist()  # the Trainer's epoch is shmload's
+        assert ids == shuffled_order(SAMPLES, epoch)  # the Trainer's epoch is shmload's
     # gradient accumulation changes the steps, not the batches: 7 steps an epoch, the last of 1 batch
     batches2, final2 = reference[2]
     assert batches2 == batches and final2["global_step"] == 2 * 7
@@ -198,12 +197,14 @@ def without_transformers(monkeypatch):
     hf_trainer._transformers.cache_clear()
 
 
+@pytest.mark.pure
 def test_without_transformers_the_callback_says_what_to_install(without_transformers):
     with pytest.raises(shmload.OptionalDependencyError, match=r"^ShmloadCheckpoint needs transformers .* pip "
                                                               r"install 'shmload\[hf\]' \(transformers==5.23.0"):
         hf_trainer.ShmloadCheckpoint()
 
 
+@pytest.mark.pure
 def test_without_transformers_the_example_says_what_to_install_and_exits_3(without_transformers, monkeypatch,
                                                                           capsys):
     monkeypatch.setattr(sys, "argv", [SCRIPT])
@@ -213,11 +214,13 @@ def test_without_transformers_the_example_says_what_to_install_and_exits_3(witho
     assert "pip install 'shmload[hf]'" in capsys.readouterr().err
 
 
+@pytest.mark.pure
 def test_the_state_file_is_per_process_when_there_are_several():
     assert hf_trainer.loader_state_file("ck") == os.path.join("ck", "shmload_loader.json")
     assert hf_trainer.loader_state_file("ck", 1, 2) == os.path.join("ck", "shmload_loader.rank1.json")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name", ["ignore_data_skip", "enable_jit_checkpoint"])
 def test_training_arguments_that_cannot_resume_exactly_are_refused(name):
     args = types.SimpleNamespace(ignore_data_skip=False, enable_jit_checkpoint=False)
@@ -240,6 +243,7 @@ def resumed_loader(next_batch):
     return fresh, state
 
 
+@pytest.mark.pure
 def test_the_trainers_skip_returns_the_resumed_loader_when_the_counts_agree():
     original = []
     skip = hf_trainer._wrap_skip(lambda loader, n: original.append((loader, n)) or "rebuilt")
@@ -255,10 +259,11 @@ def test_the_trainers_skip_returns_the_resumed_loader_when_the_counts_agree():
     hf_trainer._ARMED.add(loader)
     assert skip(loader, 4) is loader and loader not in hf_trainer._ARMED  # once
     loader.set_epoch(1)  # as the Trainer does next
-    order = permutation(0, 1, 40).tolist()
+    order = shuffled_order(40, 1)
     assert [b.tolist() for b in loader] == [order[i:i + 4] for i in range(16, 40, 4)]  # batches 4 to 9
 
 
+@pytest.mark.pure
 def test_a_position_counts_the_batches_handed_out_beyond_the_next_one():
     assert hf_trainer.delivered_batches({"kind": "map", "next_batch": 3, "delivered_beyond": [5, 6]}) == 5
     assert hf_trainer.delivered_batches({"kind": "iterable", "streams": []}) is None

@@ -1,6 +1,8 @@
 """Huge and "endless" map-style datasets (issue 18): an epoch over 2**40 samples, or over
 a dataset whose ``len()`` is ``sys.maxsize``, starts at once and takes memory for its
-batches only (NOTE [ Orders are computed a slice at a time ] in shmload/_ordering/sampler.py)."""
+batches only (NOTE [ Orders are computed a slice at a time ] in shmload/_ordering/sampler.py).
+The lazy orders, their shuffle and their shares (``shmload._ordering``) are also tested
+alone, as internals."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ def test_an_endless_dataset_shuffles_lazily_fixed_by_the_seed(workers):
     assert max(flat) > ENDLESS // 4
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("make", [SequentialSampler, RandomSampler], ids=["sequential", "random"])
 @pytest.mark.parametrize("n", [HUGE, ENDLESS], ids=["2**40", "maxsize"])
 def test_a_huge_epoch_takes_memory_for_its_batches_only(make, n):
@@ -73,6 +76,7 @@ def test_a_huge_epoch_takes_memory_for_its_batches_only(make, n):
     assert len(sampler) == -(-n // 256)
 
 
+@pytest.mark.pure
 def test_iterating_a_huge_random_sampler_yields_ints_lazily():
     sampler = RandomSampler(RangeDataset(HUGE), seed=3)
     head = list(itertools.islice(iter(sampler), 10_000))
@@ -100,6 +104,7 @@ def test_a_huge_epoch_resumes_exactly_mid_epoch(shuffle, saved_with, resumed_wit
         assert first_batches(second, 3) == expected[3:]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("n", [1, 2, 7, 12, 13])
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -116,12 +121,14 @@ def test_a_share_of_a_lazy_order_is_the_share_of_its_array(n, size, drop_last):
                 [expected[i:i + 2] for i in range(0, len(expected), 2)]  # batches across the padding
 
 
+@pytest.mark.pure
 def test_a_share_of_an_endless_order_is_lazy_and_padded_at_its_end():
     rank1 = share(Order(ENDLESS), ENDLESS + 1, 1, 2)  # two ranks: one sample of padding
     assert len(rank1) == 2**62 and rank1[:3].tolist() == [1, 3, 5]
     assert rank1[-2:].tolist() == [ENDLESS - 2, 0]  # the last position wraps to the order's head
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_distributed_share_of_an_endless_dataset_is_lazy(shuffle):
     shares = [DistributedSampler(RangeDataset(ENDLESS), num_replicas=2, rank=r, shuffle=shuffle, seed=4)

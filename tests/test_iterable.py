@@ -1,5 +1,6 @@
 """Iterable sources: each worker reads its own stream; batches come in a fixed rotation;
-errors, deaths, slot growth and shutdown behave as for map-style datasets."""
+errors, deaths, slot growth and shutdown behave as for map-style datasets. The
+rotation's rule (``shmload._ordering.schedule``) is also tested alone, as internals."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def rotation(lengths, batch_size, drop_last=False):
 
 
 # ---------------------------------------------------------------- the schedule, pure
+@pytest.mark.pure
 def test_round_robin_schedule_skips_ended_streams_whenever_their_end_is_known():
     """However many draws an ended stream was sent before its end was known, the others
     keep their relative order."""
@@ -100,6 +102,7 @@ def test_a_generator_function_is_a_source_read_by_every_worker(workers):
     assert len(sized) == 3 and [b.tolist() for b in sized] == [[0, 1], [2, 3], [4]]
 
 
+@pytest.mark.pure
 def test_len_follows_the_source_as_torch_does():
     assert len(DataLoader(DataFlowLike(10, os.devnull), batch_size=4)) == 3
     assert len(DataLoader(DataFlowLike(10, os.devnull), batch_size=4, drop_last=True)) == 2
@@ -118,6 +121,7 @@ def test_a_dataflow_is_reset_once_in_each_worker_and_shards_itself(tmp_path, all
     assert len(pids) == 2 and len(set(pids)) == 2 and str(os.getpid()) not in pids
 
 
+@pytest.mark.pure
 def test_a_dataflow_in_the_main_process_is_reset_once_per_loader(tmp_path):
     log = tmp_path / "resets"
     loader = DataLoader(DataFlowLike(5, log), batch_size=2)
@@ -125,6 +129,7 @@ def test_a_dataflow_in_the_main_process_is_reset_once_per_loader(tmp_path):
     assert log.read_text().split() == [str(os.getpid())]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("option", [dict(shuffle=True), dict(sampler=[0, 1]), dict(batch_sampler=[[0]])])
 def test_options_that_order_a_map_style_dataset_are_refused(option):
     name = next(iter(option))

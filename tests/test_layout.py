@@ -1,4 +1,5 @@
-"""Batch layout and default collate: pure, no processes."""
+"""Batch layout and default collate, tested as internals (``shmload._batching.layout``
+and ``collate``): pure, no processes."""
 
 import collections
 from typing import NamedTuple
@@ -11,6 +12,8 @@ from shmload._batching import collate as C
 from shmload._batching import layout as L
 
 from .helpers import Pair
+
+pytestmark = pytest.mark.pure
 
 
 def test_arrays_are_stacked_and_scalars_become_1d_arrays():

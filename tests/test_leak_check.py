@@ -1,6 +1,8 @@
 """The leak check of the autouse fixture (tests/conftest.py) itself: it catches what the
-library or the test's own processes leave behind, and ignores what other programs of the
-machine create or remove in /dev/shm meanwhile. Each test cleans up what it made."""
+library or the test's own processes leave behind, ignores what other programs of the
+machine create or remove in /dev/shm meanwhile, and sees every process a test marked
+``pure`` starts. Each test cleans up what it made. It names its segments as the library
+does (``shmload._transport.shm``), on purpose."""
 
 import contextlib
 import multiprocessing
@@ -19,7 +21,7 @@ import pytest
 from shmload import DataLoader
 from shmload._transport.shm import NAME_PREFIX
 
-from .conftest import assert_nothing_new, snapshot
+from .conftest import LAUNCHED, assert_nothing_new, assert_started_nothing, snapshot
 from .helpers import RangeDataset
 
 QUICK = 0.3  # seconds the check waits for a leak to go away, where one is made on purpose
@@ -46,6 +48,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.stdout.close()
 
 
+@pytest.mark.pure
 def test_a_segment_left_under_shmload_s_name_is_caught():
     before = snapshot()
     name = NAME_PREFIX + "leakcheck-" + secrets.token_hex(8)
@@ -222,6 +225,7 @@ def test_a_child_process_left_alive_is_caught():
         child.wait(10)
 
 
+@pytest.mark.pure
 @pytest.mark.shm_names
 def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
     # what lets the autouse check fail a test in which the default backend shows a name
@@ -239,3 +243,52 @@ def test_the_name_watch_sees_a_posix_segments_name_and_no_memfd_one():
         assert _own_names(watch.created()) == []
     finally:
         os.close(watch.fd)
+
+
+def _fork_and_exit():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _multiprocessing(method):
+    def start():
+        process = multiprocessing.get_context(method).Process(target=os.getpid)
+        process.start()
+        process.join(30)
+    return start
+
+
+def _loader(num_workers):
+    def load():
+        with DataLoader(RangeDataset(8), batch_size=4, num_workers=num_workers, timeout=30) as loader:
+            assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    return load
+
+
+@pytest.mark.parametrize("start,count,seen", [
+    (_fork_and_exit, 1, r"os\.fork\(\)$"),
+    (lambda: subprocess.run(["true"], check=True), 1, r"subprocess\.Popen\('true', \['true'\]\)$"),
+    (lambda: os.system("true"), 1, r"os\.system\(b'true',\)$"),
+    (lambda: os.waitpid(os.posix_spawnp("true", ["true"], os.environ), 0), 1, r"os\.posix_spawn\('true', \['true'\]\)$"),
+    (_multiprocessing("fork"), 1, r"multiprocessing start of <ForkProcess name='ForkProcess-\d+' .*>$"),
+    (_multiprocessing("spawn"), 1, r"multiprocessing start of <SpawnProcess name='SpawnProcess-\d+' .*>$"),
+    (_multiprocessing("forkserver"), 1, r"multiprocessing start of <ForkServerProcess name='ForkServerProcess-\d+' .*>$"),
+    (_loader(2), 2, r"multiprocessing start of <ForkProcess name='shmload-worker-0' .*>; "
+                    r"multiprocessing start of <ForkProcess name='shmload-worker-1' .*>$"),
+], ids=["fork", "subprocess", "system", "posix_spawn", "mp-fork", "mp-spawn", "mp-forkserver", "loader"])
+def test_a_process_started_and_gone_is_seen_by_the_pure_check(start, count, seen):
+    """Each way of starting a process, one entry a process, though it exited before the
+    check: what fails a test marked pure."""
+    since = len(LAUNCHED)
+    start()
+    with pytest.raises(AssertionError, match=rf"(?m)^a test marked pure started {count} process\(es\): {seen}"):
+        assert_started_nothing(since)
+
+
+@pytest.mark.pure
+def test_a_loader_without_workers_starts_no_process():
+    since = len(LAUNCHED)
+    _loader(0)()
+    assert_started_nothing(since)

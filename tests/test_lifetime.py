@@ -1,4 +1,6 @@
-"""Zero copy is safe: data never changes under a held view, held batches grow the ring."""
+"""Zero copy is safe: data never changes under a held view, held batches grow the ring.
+One test counts the dispatcher's assignments (``shmload._session.dispatch``), on
+purpose."""
 
 import gc
 

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from .helpers import shuffled_order
 from .scripts import describe, read_jsonl, run_script
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300),  # a fit() imports torch and Lightning: ~10 s
@@ -48,8 +49,7 @@ def test_fit_sees_every_sample_once_per_epoch_in_a_new_order(reference):
     assert epochs[0] != epochs[1]
     assert epochs[0] != list(range(SAMPLES))  # shuffled
     # the probe iter() Lightning makes must not use up an epoch: epoch 0 is shmload's epoch 0
-    from shmload._ordering.seeding import permutation
-    assert epochs[0] == permutation(0, 0, SAMPLES).tolist()
+    assert epochs[0] == shuffled_order(SAMPLES, 0)
 
 
 @pytest.mark.parametrize("step", [5, STEPS_PER_EPOCH + 5], ids=["in-epoch-0", "in-epoch-1"])

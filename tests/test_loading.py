@@ -67,6 +67,7 @@ def test_same_seed_gives_bit_identical_batches_for_any_num_workers():
     assert any(a.tobytes() != b.tobytes() for a, (b, _, _) in zip(other_seed, runs[0]))
 
 
+@pytest.mark.pure
 def test_num_workers_zero_does_not_disturb_the_callers_random_state():
     np.random.seed(0)
     expected = np.random.rand()
@@ -87,6 +88,7 @@ def test_epochs_reshuffle_and_set_epoch_reproduces_one():
     assert sorted(e2[0]) == list(range(30))
 
 
+@pytest.mark.pure
 def test_seed_none_is_drawn_once_and_recorded():
     loader = DataLoader(RangeDataset(10), batch_size=10, shuffle=True)
     assert isinstance(loader.seed, int)
@@ -125,6 +127,25 @@ def test_user_sampler_and_batch_sampler():
     batch_sampler = [[1, 2], [7], [0, 0, 3]]
     loader = DataLoader(RangeDataset(10), batch_sampler=batch_sampler, num_workers=2)
     assert labels(loader) == batch_sampler and len(loader) == 3
+
+
+class _SetBatches:
+    """A batch sampler yielding sets (and a generator) of 20 indices."""
+
+    def __iter__(self):
+        yield set(range(0, 20))
+        yield (i for i in range(20, 40))
+        yield tuple(range(40, 60))
+
+    def __len__(self):
+        return 3
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_sampler_may_yield_any_iterable_of_indices(num_workers):
+    loader = DataLoader(RangeDataset(60), batch_sampler=_SetBatches(), num_workers=num_workers, timeout=20)
+    with loader:
+        assert [sorted(b.tolist()) for b in loader] == [list(range(k, k + 20)) for k in (0, 20, 40)]
 
 
 def test_drop_last():
@@ -211,6 +232,7 @@ def test_settings_changed_after_construction_apply_at_the_next_iter():
         assert [b[0] for b in loader] == ["mine"] * 4
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("name,value,match", [
     ("timeout", None, "timeout option should be non-negative"),
     ("slot_bytes", "1MB", "slot_bytes should be a positive integer or None"),
@@ -222,3 +244,19 @@ def test_settings_set_after_construction_are_checked_at_the_next_iter(name, valu
     setattr(loader, name, value)
     with pytest.raises((ValueError, TypeError), match=match):
         iter(loader)
+
+
+@pytest.mark.parametrize("iterating", [False, True])
+def test_a_loader_deep_copies_and_pickles_and_each_copy_starts_its_own_workers(iterating):
+    import copy
+    import pickle
+    loader = DataLoader(RangeDataset(8), batch_size=4, num_workers=2, timeout=20)
+    expected = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with loader:
+        it = iter(loader)
+        if iterating:
+            assert next(it).tolist() == expected[0]
+        for clone in (copy.deepcopy(loader), pickle.loads(pickle.dumps(loader))):
+            with clone:
+                assert clone is not loader and [b.tolist() for b in clone] == expected
+        assert [b.tolist() for b in it] == (expected[1:] if iterating else expected)

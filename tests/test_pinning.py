@@ -1,5 +1,6 @@
 """pin_memory=True: each ring segment page-locked once, unregistered before it is
-unmapped, batches pinned with no copy (pinning.py).
+unmapped, batches pinned with no copy (pinning.py). The segments and the page-locking
+are reached in ``shmload._transport`` (``pinning``, ``shm``), on purpose.
 
 Without a GPU the page-locking itself is a fake that checks the rules the CUDA one must
 keep: a range is registered once, while mapped, and unregistered while still mapped,
@@ -86,6 +87,7 @@ def fake(monkeypatch):
 
 # ------------------------------------------------------------ one segment
 
+@pytest.mark.pure
 def test_a_pinned_segment_is_registered_once_and_released_on_close():
     pinner = FakePinner()
     seg = shm.Segment(0, 1 << 16, pinner=pinner)
@@ -102,6 +104,7 @@ def test_a_pinned_segment_is_registered_once_and_released_on_close():
     assert not _mapped(address)
 
 
+@pytest.mark.pure
 def test_a_batch_held_past_close_keeps_the_segment_pinned_until_it_goes():
     pinner = FakePinner()
     seg = shm.Segment(0, 1 << 16, pinner=pinner)
@@ -115,6 +118,7 @@ def test_a_batch_held_past_close_keeps_the_segment_pinned_until_it_goes():
     assert pinner.history == [("register", address), ("unregister", address)] and not _mapped(address)
 
 
+@pytest.mark.pure
 def test_a_refused_registration_leaves_nothing_open():
     class Refusing(FakePinner):
         def register(self, address, nbytes):
@@ -124,6 +128,7 @@ def test_a_refused_registration_leaves_nothing_open():
         shm.Segment(0, 1 << 16, pinner=Refusing())
 
 
+@pytest.mark.pure
 def test_windows_outside_the_region_are_refused():
     seg = shm.Segment(0, 1 << 12, pinner=FakePinner())
     try:
@@ -160,6 +165,7 @@ def _fake_torch(monkeypatch, kind, cudart=None):
     return torch
 
 
+@pytest.mark.pure
 def test_choose_pins_for_cuda_only(monkeypatch):
     assert pinning.choose(False) == (None, None)
     _fake_torch(monkeypatch, None)
@@ -176,6 +182,7 @@ def test_choose_pins_for_cuda_only(monkeypatch):
     assert cudart.calls == [("register", 4096, 8192, 1), ("unregister", 4096)]  # 1: cudaHostRegisterPortable
 
 
+@pytest.mark.pure
 def test_a_cuda_refusal_is_a_clear_error(monkeypatch):
     _fake_torch(monkeypatch, "cuda", FakeCudart(code=2))
     pinner, _ = pinning.choose(True)

@@ -1,4 +1,5 @@
-"""The default collate's cached plan (NOTE [ The cached plan ], collate.py), without processes.
+"""The default collate's cached plan (NOTE [ The cached plan ], collate.py), without processes:
+tests of internals (``shmload._batching.collate``).
 
 A batch planned against the cached plan must give exactly what planning it from scratch
 gives (the same layout, the same written bytes), and a batch the cache declines must
@@ -15,7 +16,7 @@ import pytest
 from shmload._batching.collate import StackPlans, build_local, plan_stack
 from shmload.errors import CollateError
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.pure]
 
 Point = collections.namedtuple("Point", "x y")
 

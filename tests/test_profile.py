@@ -1,4 +1,6 @@
 """The profiler: counters, stats, diagnosis, trace, plot and the `shmload profile` command.
+Its figures' units are checked at their formatter (``shmload._core._units``), an
+internal, on purpose.
 
 Stage times are made known with sleeps (a sleeping worker's stage lasts at least the
 sleep, and on a busy machine somewhat longer), so the attribution is checked within a
@@ -37,6 +39,7 @@ def within(measured: float, expected: float) -> bool:
 
 
 # ---------------------------------------------------------------- pure parts
+@pytest.mark.pure
 def test_recorder_adds_batches_and_keeps_the_last_events_in_order():
     board = np.zeros((2, counters.row_words(4)))
     rec = counters.Recorder(board, 1)
@@ -55,6 +58,7 @@ def test_recorder_adds_batches_and_keeps_the_last_events_in_order():
     rec.close()
 
 
+@pytest.mark.pure
 def test_consumer_clock_counts_steps_between_calls_but_not_across_epochs():
     clock = ConsumerClock()
     t = clock.enter()
@@ -77,6 +81,7 @@ def test_consumer_clock_counts_steps_between_calls_but_not_across_epochs():
     assert clock.step == pytest.approx(before + clock.calls[2, 3])
 
 
+@pytest.mark.pure
 def test_totals_stay_exact_across_flushes_and_for_a_replacement_recorder():
     board = np.zeros((1, counters.row_words(8)))
     rec = counters.Recorder(board, 0)  # flushes every 4 batches
@@ -94,6 +99,7 @@ def test_totals_stay_exact_across_flushes_and_for_a_replacement_recorder():
     again.close()
 
 
+@pytest.mark.pure
 def test_consumer_clock_totals_survive_more_calls_than_it_keeps():
     clock = ConsumerClock()
     for _ in range(CALLS + 700):
@@ -114,6 +120,7 @@ def _stats(num_workers=2, cores=2, stall=0.0, step=1.0, batches=100, fetch=0.5, 
                        dataset=dataset)
 
 
+@pytest.mark.pure
 def test_data_bound_with_busy_workers_and_spare_cores_recommends_more_workers():
     # a batch costs a worker 6.5 ms and the consumer 1 ms: about 7 workers keep up
     text = diagnose(_stats(num_workers=2, cores=8, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05))
@@ -121,17 +128,20 @@ def test_data_bound_with_busy_workers_and_spare_cores_recommends_more_workers():
     assert re_search(r"busy time in fetch", text)
 
 
+@pytest.mark.pure
 def test_data_bound_on_every_core_names_the_stage_to_speed_up():
     text = diagnose(_stats(num_workers=2, cores=2, stall=3.0, step=0.1, fetch=0.1, collate=0.5, other=0.05))
     assert "DATA-BOUND" in text and "speed up collate and the copy into the slot" in text
     assert "2 workers already use the 2 usable cores" in text
 
 
+@pytest.mark.pure
 def test_data_bound_with_idle_workers_recommends_a_deeper_queue():
     text = diagnose(_stats(num_workers=2, cores=8, stall=3.0, step=0.1, fetch=0.05, collate=0.01, wait=2.0))
     assert "DATA-BOUND" in text and "prefetch_factor=4 (now 2" in text
 
 
+@pytest.mark.pure
 def test_consumer_bound_recommends_fewer_workers_when_fewer_keep_up():
     # a batch costs a worker 0.65 ms and the consumer 20 ms: one worker keeps up
     text = diagnose(_stats(num_workers=4, cores=8, stall=0.01, step=2.0, fetch=0.05, collate=0.01, other=0.005,
@@ -139,15 +149,18 @@ def test_consumer_bound_recommends_fewer_workers_when_fewer_keep_up():
     assert "CONSUMER-BOUND" in text and "num_workers=1 would keep up and free 3 core(s)" in text
 
 
+@pytest.mark.pure
 def test_loading_in_process_is_told_to_use_workers():
     text = diagnose(_stats(num_workers=0, cores=4, stall=2.0, step=1.0, fetch=1.5, collate=0.3, other=0.2))
     assert "DATA-BOUND" in text and "load in worker processes: num_workers=2" in text
 
 
+@pytest.mark.pure
 def test_an_empty_window_says_so():
     assert "no batch delivered" in diagnose(_stats(batches=0, stall=0.0, step=0.0))
 
 
+@pytest.mark.pure
 def test_figures_are_printed_in_decimal_units():
     assert [decimal_size(n) for n in (512, 32_000, 9_633_792, 1.5e9)] == ["512 B", "32.0 kB", "9.6 MB", "1.50 GB"]
     assert decimal_rate(147_650_000) == "147.7 MB/s" and decimal_rate(11e9) == "11.00 GB/s"
@@ -160,6 +173,7 @@ def test_figures_are_printed_in_decimal_units():
 FETCH_BOUND = dict(num_workers=2, cores=2, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05)
 
 
+@pytest.mark.pure
 def test_the_fetch_advice_of_a_plain_dataset_names_its_getitem_and_no_image_decoding():
     text = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("Arrays")))
     assert re_search(r"speed up Arrays\.__getitem__ \(do less work per sample; cache what it reads or computes; "
@@ -171,6 +185,7 @@ def test_the_fetch_advice_of_a_plain_dataset_names_its_getitem_and_no_image_deco
     assert "__getitems__" not in batched
 
 
+@pytest.mark.pure
 def test_the_fetch_advice_of_an_image_dataset_is_about_decoding():
     full = diagnose(_stats(**FETCH_BOUND, dataset=DatasetInfo("ImageFolder", images=True)))
     assert re_search(r"speed up ImageFolder\.__getitem__ \(image decoding at full size: decode with "
@@ -180,6 +195,7 @@ def test_the_fetch_advice_of_an_image_dataset_is_about_decoding():
                      reduced)
 
 
+@pytest.mark.pure
 def test_describe_dataset_knows_image_datasets_and_their_transforms(tmp_path):
     from PIL import Image
 
@@ -198,6 +214,7 @@ def test_describe_dataset_knows_image_datasets_and_their_transforms(tmp_path):
     assert describe_dataset(lambda: iter(range(3))).stream
 
 
+@pytest.mark.pure
 def test_a_pipeline_told_not_to_decode_at_reduced_size_is_diagnosed_as_full_size(tmp_path):
     # The profiler used to decide by the transform's module name: reduced_decode=False was
     # reported as reduced, and the advice said to store smaller images or decode faster.
@@ -231,6 +248,7 @@ def test_a_pipeline_told_not_to_decode_at_reduced_size_is_diagnosed_as_full_size
     assert not describe_dataset(RecordDataset(tmp_path / "rec")).images
 
 
+@pytest.mark.pure
 def test_contention_is_flagged_only_when_others_took_cores_the_loader_could_use():
     # a 4 s window; the main process and 2 workers used 1 CPU second each: 0.75 cores
     busy = dict(FETCH_BOUND, stall=3.9, step=0.1, cpu=1.0)
@@ -248,6 +266,7 @@ def test_contention_is_flagged_only_when_others_took_cores_the_loader_could_use(
     assert _stats(**busy).other_cores() is None and _stats(**busy).contention() is None  # not measured
 
 
+@pytest.mark.pure
 def test_the_machines_cpu_time_counts_this_process_spinning():
     cpus = usable_cpus()
     before = machine_cpu_seconds(cpus)
@@ -281,6 +300,7 @@ def test_stage_times_are_attributed_to_fetch_and_collate():
     assert sum(w.samples for w in s.workers) == 48
 
 
+@pytest.mark.pure
 @pytest.mark.timeout(60)
 def test_in_process_loading_is_profiled_too():
     loader = shmload.DataLoader(SleepyDataset(24, 0.004), batch_size=4, num_workers=0)
@@ -393,6 +413,7 @@ def test_a_split_batch_counts_its_parts_for_the_workers_that_loaded_them(tmp_pat
     assert all(fetches[i][1] != fetches[i + 1][1] for i in range(0, 8, 2))  # two workers on each batch
 
 
+@pytest.mark.pure
 def test_plot_without_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     s = _stats()

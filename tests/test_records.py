@@ -69,6 +69,7 @@ def test_write_and_read_back_every_sample_and_field(tmp_path, workers):
     assert sum(p["bytes"] for p in meta["parts"]) == sum(j * 7 % 300 + 1 for j in range(200))
 
 
+@pytest.mark.pure
 def test_an_iterable_source_is_written_too(tmp_path):
     blobs = Blobs(150)
     out = write((blobs[i] for i in range(150)), tmp_path / "it", part_bytes=2000)
@@ -87,6 +88,7 @@ def test_parallel_writing_gives_the_same_samples_in_the_same_order(tmp_path):
     assert np.array_equal(one.fields["xy"], two.fields["xy"])
 
 
+@pytest.mark.pure
 def test_the_format_is_readable_with_numpy_json_and_mmap_alone(tmp_path):
     """What docs/records.md specifies, read without shmload."""
     import mmap
@@ -105,6 +107,7 @@ def test_the_format_is_readable_with_numpy_json_and_mmap_alone(tmp_path):
     assert index.dtype.names == ("part", "offset", "length", "crc32")
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad,message", [
     ([1, 2], r"sample 0 is a int, expected bytes"),
     ([(b"x", {"name": "a"})], r"field 'name' is str 'a'; fields are numbers"),
@@ -116,6 +119,7 @@ def test_bad_samples_are_named(tmp_path, bad, message):
     assert os.listdir(tmp_path) == []  # nothing left behind
 
 
+@pytest.mark.pure
 def test_fields_that_change_shape_or_set_are_named_and_nothing_is_left(tmp_path):
     with pytest.raises(ValueError, match=r"sample 1 has fields \['other'\], but sample 0 has \['label'\]"):
         write([(b"a", {"label": 1}), (b"b", {"other": 2})], tmp_path / "out")
@@ -214,6 +218,7 @@ def test_a_flipped_byte_is_named_with_part_sample_and_offset(packed, tmp_path):
             pass
 
 
+@pytest.mark.pure
 def test_a_truncated_or_missing_part_and_a_short_index_are_named_at_open(packed, tmp_path):
     path = copy_of(packed, tmp_path)
     last = fmt.part_name(len(fmt.read_metadata(path)["parts"]) - 1)
@@ -230,6 +235,7 @@ def test_a_truncated_or_missing_part_and_a_short_index_are_named_at_open(packed,
         RecordDataset(path)
 
 
+@pytest.mark.pure
 def test_an_index_pointing_outside_its_part_is_corrupt(tmp_path):
     out = write(Blobs(10), tmp_path / "b", part_bytes=10_000)
     index = np.load(os.path.join(out, fmt.INDEX))
@@ -242,6 +248,7 @@ def test_an_index_pointing_outside_its_part_is_corrupt(tmp_path):
         RecordDataset(out)[10]
 
 
+@pytest.mark.pure
 def test_other_directories_are_refused_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"is not a directory"):
         RecordDataset(tmp_path / "nothing")
@@ -251,6 +258,7 @@ def test_other_directories_are_refused_clearly(tmp_path):
 
 
 # ---------------------------------------------------------------- shuffling, resume, processes
+@pytest.mark.pure
 def test_part_shuffle_visits_every_sample_once_a_few_parts_at_a_time(tmp_path):
     ds = RecordDataset(write(Blobs(400), tmp_path / "b", part_bytes=3000))
     parts = ds.part_of()

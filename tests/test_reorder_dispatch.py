@@ -1,4 +1,5 @@
-"""Reorder buffer and dispatcher: pure, no processes."""
+"""Reorder buffer and dispatcher, tested as internals (``shmload._loader.reorder``,
+``shmload._session.dispatch``): pure, no processes."""
 
 from typing import NamedTuple
 
@@ -6,6 +7,8 @@ import pytest
 
 from shmload._loader.reorder import ReorderBuffer, ReorderError
 from shmload._session.dispatch import Dispatcher, prefetch_depth
+
+pytestmark = pytest.mark.pure
 
 
 def test_in_order_delivery_whatever_the_arrival_order():

@@ -1,9 +1,12 @@
 """Exact resume: ``state_dict()`` in the middle of an epoch, a new loader with any
 ``num_workers``, ``load_state_dict()``, and the rest is bit-identical to an
-uninterrupted run, augmentation included (the contract: shmload.testing)."""
+uninterrupted run, augmentation included (the contract: shmload.testing). A state that
+is not ours, or malformed, is refused naming what is wrong. The bookkeeping behind the
+saved position (``shmload._loader.progress``) is also tested alone, as internals."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 
@@ -14,7 +17,7 @@ from shmload import BatchSampler, DataLoader, DistributedSampler, RandomSampler,
 from shmload._loader.progress import BatchProgress
 from shmload.testing import assert_resumes_exactly, flatten, run
 
-from .helpers import AugmentedDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
+from .helpers import AugmentedDataset, RangeDataset, StatefulWorkerStreams, VariableDataset, WorkerStreams
 
 
 class SeededSampler:
@@ -109,6 +112,7 @@ def test_out_of_order_resume_delivers_each_remaining_batch_exactly_once():
     assert_resumes_exactly(make, stops=[4, 9], epochs=1, in_order=False)
 
 
+@pytest.mark.pure
 def test_batch_progress_records_out_of_order_deliveries_compactly():
     p = BatchProgress(start=2)
     for seq in (4, 2, 6, 3):
@@ -119,6 +123,37 @@ def test_batch_progress_records_out_of_order_deliveries_compactly():
     assert (resumed.next_batch, resumed.beyond) == (7, set())
 
 
+@pytest.mark.pure
+def test_a_held_batch_is_taken_out_of_the_saved_position_in_any_order():
+    from shmload._loader.progress import BatchProgress
+    p = BatchProgress()
+    for seq in (0, 1, 3, 4):
+        p.record(seq, None)
+    assert p.saved() == (2, [3, 4])
+    p.held = True  # 4, delivered beyond the gap, kept
+    assert p.saved() == (2, [3])
+    p.held = False
+    p.record(2, None)  # fills the gap: next_batch jumps to 5
+    assert p.saved() == (5, [])
+    p.held = True  # 2 kept: 3 and 4 stay delivered
+    assert p.saved() == (2, [3, 4])
+
+
+@pytest.mark.pure
+def test_a_held_draw_is_taken_out_of_the_saved_streams():
+    from shmload._loader.progress import StreamProgress
+    from shmload._transport.messages import StreamPoint
+    p = StreamProgress(2)
+    p.record(0, (0, StreamPoint(1, "a1")))
+    p.record(1, (1, StreamPoint(1, "b1")))
+    p.record(2, (0, StreamPoint(2, "a2")))
+    assert p.saved() == ([2, 1], ["a2", "b1"], 1)
+    p.held = True
+    assert p.saved() == ([1, 1], ["a1", "b1"], 0)
+    assert (p.draws, p.states) == ([2, 1], ["a2", "b1"])  # the record itself is untouched
+
+
+@pytest.mark.pure
 def test_the_state_is_small_documented_json():
     loader = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(loader)
@@ -133,6 +168,7 @@ def test_the_state_is_small_documented_json():
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["next_batch"] == 0
 
 
+@pytest.mark.pure
 def test_loading_sets_the_seed_and_the_next_epoch_and_state_dict_returns_it_until_used():
     saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(saved)
@@ -171,6 +207,7 @@ def test_a_sampler_without_state_dict_is_saved_as_a_position_and_re_read_with_on
                                 "sampler": {}})
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad,message", [
     ({"epoch": 0}, r"expected a dict from DataLoader.state_dict\(\), but got dict \{'epoch': 0\}"),
     ([1, 2], r"expected a dict from DataLoader.state_dict\(\), but got list"),
@@ -185,6 +222,7 @@ def test_a_state_that_is_not_ours_is_refused_clearly(bad, message):
         DataLoader(AugmentedDataset()).load_state_dict(bad)
 
 
+@pytest.mark.pure
 def test_a_state_saved_over_another_dataset_rank_or_batching_is_refused():
     small = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=1)
     state = small.state_dict()
@@ -216,6 +254,7 @@ class TorchStyleSampler(SeededSampler):
         self.epoch = epoch
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("stop", [0, 1, 3])
 def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_epochs(stop):
     """The user's loop calls sampler.set_epoch(epoch) before each epoch, also after
@@ -246,6 +285,7 @@ def test_torchs_set_epoch_loop_resumes_exactly_after_a_checkpoint_between_or_in_
     assert head + tail == reference
 
 
+@pytest.mark.pure
 def test_set_epoch_after_load_state_dict_cancels_the_resume_unless_it_is_the_saved_epoch():
     saved = DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=3)
     it = iter(saved)
@@ -260,6 +300,7 @@ def test_set_epoch_after_load_state_dict_cancels_the_resume_unless_it_is_the_sav
     assert len(list(loader)) == 10 and loader.state_dict()["epoch"] == 6
 
 
+@pytest.mark.pure
 def test_moving_a_user_sampler_after_loading_a_mid_epoch_state_is_refused():
     saved = DataLoader(AugmentedDataset(), batch_size=4, sampler=SeededSampler(40, seed=1))
     it = iter(saved)
@@ -276,25 +317,135 @@ def test_moving_a_user_sampler_after_loading_a_mid_epoch_state_is_refused():
     assert len(list(loader)) == 9
 
 
-def test_ctrl_c_in_a_single_process_load_leaves_the_batch_to_the_resumed_run():
-    class Interrupting(AugmentedDataset):
-        def __getitem__(self, i):
-            if i == 9 and not getattr(self, "done", False):
-                self.done = True
-                raise KeyboardInterrupt
-            return super().__getitem__(i)
+# ---------------------------------------------------------------- malformed states
+def _map_state():
+    loader = DataLoader(RangeDataset(20), batch_size=4, shuffle=True, seed=3)
+    it = iter(loader)
+    next(it)
+    return loader.state_dict()
 
-    reference, _ = run(DataLoader(AugmentedDataset(), batch_size=4, seed=5), 1)
-    loader = DataLoader(Interrupting(), batch_size=4, seed=5)
-    got = []
-    with pytest.raises(KeyboardInterrupt):
-        for batch in loader:
-            got.append(flatten(batch))
-    state = loader.state_dict()
-    assert state["next_batch"] == 2
-    resumed = DataLoader(AugmentedDataset(), batch_size=4, seed=5)
-    resumed.load_state_dict(state)
-    assert got + run(resumed, 1)[0] == reference
+
+def _iterable_state():
+    loader = DataLoader(StatefulWorkerStreams([10]), batch_size=2, seed=3)
+    it = iter(loader)
+    next(it)
+    return loader.state_dict()
+
+
+_DELETE = object()
+
+
+def _changed(state, path, value):
+    state = copy.deepcopy(state)
+    *parents, last = path
+    node = state
+    for key in parents:
+        node = node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return state
+
+
+def _both(path, value, message):
+    return [pytest.param(kind, path, value, message, id=f"{kind}-{'.'.join(map(str, path))}-"
+                         f"{'deleted' if value is _DELETE else repr(value)}") for kind in ("map", "iterable")]
+
+
+MALFORMED = [
+    *_both(("batching", "drop_last"), _DELETE, r"^load_state_dict: state\['batching'\] has no drop_last: expected "
+                                               r"state\['batching'\]\['drop_last'\] \(a bool"),
+    *_both(("batching", "batch_size"), _DELETE, r"state\['batching'\] has no batch_size: expected "
+                                                r"state\['batching'\]\['batch_size'\] \(a positive int or None"),
+    *_both(("batching", "drop_last"), "no", r"^load_state_dict: state\['batching'\]\['drop_last'\] is 'no' \(a str\), "
+                                            r"expected a bool"),
+    *_both(("batching", "drop_last"), 0, r"state\['batching'\]\['drop_last'\] is 0 \(an int\), expected a bool"),
+    *_both(("batching", "batch_size"), "4", r"state\['batching'\]\['batch_size'\] is '4' \(a str\), expected a "
+                                            r"positive int or None"),
+    *_both(("batching", "batch_size"), 0, r"state\['batching'\]\['batch_size'\] is 0 \(an int\), expected a positive "
+                                          r"int or None"),
+    *_both(("batching", "shuffle"), True, r"state\['batching'\] has an unexpected key 'shuffle': expected only "
+                                          r"'batch_size' and 'drop_last'"),
+    *_both(("batching",), [4, False], r"state\['batching'\] is \[4, False\] \(a list\), expected a dict with "
+                                      r"'batch_size' and 'drop_last'"),
+    *_both(("batching",), _DELETE, r"^load_state_dict: the state has no batching: expected state\['batching'\] "
+                                   r"\(a dict with 'batch_size' and 'drop_last'"),
+    *_both(("epoch",), "0", r"state\['epoch'\] is '0' \(a str\), expected a non-negative int"),
+    *_both(("epoch",), -1, r"state\['epoch'\] is -1 \(an int\), expected a non-negative int"),
+    *_both(("epoch",), True, r"state\['epoch'\] is True \(a bool\), expected a non-negative int"),
+    *_both(("seed",), 1.5, r"state\['seed'\] is 1.5 \(a float\), expected a non-negative int"),
+    *_both(("seed",), None, r"state\['seed'\] is None, expected a non-negative int"),
+    pytest.param("map", ("next_batch",), None, r"state\['next_batch'\] is None, expected a "
+                                               r"non-negative int", id="map-next_batch-None"),
+    pytest.param("map", ("next_batch",), _DELETE, r"the state has no next_batch: expected state\['next_batch'\] "
+                                                  r"\(a non-negative int", id="map-next_batch-deleted"),
+    pytest.param("map", ("delivered_beyond",), 3, r"state\['delivered_beyond'\] is 3 \(an int\), expected a list of "
+                                                  r"non-negative ints", id="map-delivered_beyond-3"),
+    pytest.param("map", ("delivered_beyond",), [4, "5"], r"state\['delivered_beyond'\]\[1\] is '5' \(a str\), "
+                                                         r"expected a non-negative int",
+                 id="map-delivered_beyond-item"),
+    pytest.param("map", ("delivered_beyond",), [4, -5, 6, "7", None],
+                 r"^load_state_dict: state\['delivered_beyond'\]\[1\] is -5 \(an int\), expected a non-negative "
+                 r"int \(and 2 more wrong items in state\['delivered_beyond'\]\)$", id="map-delivered_beyond-items"),
+    pytest.param("map", ("sampler",), _DELETE, r"the state has no sampler: expected state\['sampler'\] \(the "
+                                               r"sampler's state_dict\(\), or None", id="map-sampler-deleted"),
+    pytest.param("iterable", ("streams",), _DELETE, r"the state has no streams: expected state\['streams'\] \(a "
+                                                    r"non-empty list", id="iterable-streams-deleted"),
+    pytest.param("iterable", ("streams",), {}, r"state\['streams'\] is \{\} \(a dict\), expected a non-empty list",
+                 id="iterable-streams-dict"),
+    pytest.param("iterable", ("streams",), [], r"state\['streams'\] is \[\] \(a list\), expected a non-empty list",
+                 id="iterable-streams-empty"),
+    pytest.param("iterable", ("streams", 0), 5, r"state\['streams'\]\[0\] is 5 \(an int\), expected a dict with "
+                                                r"'draws', 'state' and 'ended'", id="iterable-stream-int"),
+    pytest.param("iterable", ("streams", 0, "ended"), _DELETE, r"state\['streams'\]\[0\] has no ended: expected "
+                                                               r"state\['streams'\]\[0\]\['ended'\] \(a bool",
+                 id="iterable-stream-ended-deleted"),
+    pytest.param("iterable", ("streams", 0, "draws"), -2, r"state\['streams'\]\[0\]\['draws'\] is -2 \(an int\), "
+                                                          r"expected a non-negative int", id="iterable-stream-draws"),
+    pytest.param("iterable", ("streams", 0, "state"), _DELETE, r"state\['streams'\]\[0\] has no state: expected "
+                                                               r"state\['streams'\]\[0\]\['state'\]",
+                 id="iterable-stream-state-deleted"),
+    pytest.param("iterable", ("next_worker",), _DELETE, r"the state has no next_worker: expected "
+                                                        r"state\['next_worker'\] \(a non-negative int",
+                 id="iterable-next_worker-deleted"),
+    pytest.param("iterable", ("next_worker",), 1, r"state\['next_worker'\] is 1, expected an int below "
+                                                  r"len\(state\['streams'\]\), 1", id="iterable-next_worker-range"),
+]
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("kind,path,value,message", MALFORMED)
+def test_a_malformed_state_is_a_value_error_naming_the_key_path_and_what_was_expected(kind, path, value, message):
+    state = _map_state() if kind == "map" else _iterable_state()
+    loader = DataLoader(RangeDataset(20), batch_size=4, shuffle=True, seed=5) if kind == "map" else \
+        DataLoader(StatefulWorkerStreams([10]), batch_size=2, seed=5)
+    loader.load_state_dict(copy.deepcopy(state))  # the state as saved loads
+    fresh = DataLoader(RangeDataset(20), batch_size=4, shuffle=True, seed=5) if kind == "map" else \
+        DataLoader(StatefulWorkerStreams([10]), batch_size=2, seed=5)
+    with pytest.raises(ValueError, match=message):
+        fresh.load_state_dict(_changed(state, path, value))
+    assert fresh.seed == 5 and fresh._resume is None  # refused before anything changed
+
+
+@pytest.mark.pure
+def test_every_problem_of_a_state_is_named_in_one_error():
+    state = _changed(_changed(_map_state(), ("batching", "drop_last"), _DELETE), ("epoch",), "1")
+    with pytest.raises(ValueError, match=r"^load_state_dict: 2 problems with the state: state\['epoch'\] is '1' \(a "
+                                         r"str\), expected a non-negative int, the epoch the next iter\(\) runs; "
+                                         r"state\['batching'\] has no drop_last: expected "
+                                         r"state\['batching'\]\['drop_last'\] \(a bool"):
+        DataLoader(RangeDataset(20), batch_size=4, shuffle=True).load_state_dict(state)
+
+
+@pytest.mark.pure
+def test_a_state_that_went_through_json_still_loads():
+    import json
+
+    state = json.loads(json.dumps(_map_state()))
+    loader = DataLoader(RangeDataset(20), batch_size=4, shuffle=True)
+    loader.load_state_dict(state)
+    assert len(list(loader)) == 4
 
 
 # ---------------------------------------------------------------- iterable sources
@@ -313,6 +464,7 @@ def test_iterable_resume_is_exact_with_the_sources_state(workers):
     assert_resumes_exactly(make, stops=stops, epochs=2, pairs=pairs, reference_workers=workers)
 
 
+@pytest.mark.pure
 def test_an_iterable_source_without_state_dict_is_saved_as_a_position_and_re_read():
     """Mid-epoch, a source without state_dict() is saved as draws per stream (one
     warning); the resume re-reads each stream and skips the draws delivered: exact for a

@@ -1,9 +1,12 @@
-"""Ring bookkeeping with fake segments: pure, no shared memory."""
+"""Ring bookkeeping with fake segments, tested as internals (``shmload._transport.ring``):
+pure, no shared memory."""
 
 import pytest
 
 from shmload import RingFullError
 from shmload._transport.ring import Ring, SlotState, page_round
+
+pytestmark = pytest.mark.pure
 
 PAGE = page_round(1)
 

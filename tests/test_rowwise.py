@@ -1,5 +1,6 @@
 """Row-wise collate: large samples fetched and written one at a time must give exactly
-the default path's batches and errors."""
+the default path's batches and errors. Tested as internals first
+(``shmload._loading.rowwise``, ``shmload._batching``), then through the loader."""
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ def _samples(n, shape=(64, 300)):
              "meta": (f"name{i}", np.int16(i))} for i in range(n)]
 
 
+@pytest.mark.pure
 def test_rowwise_batch_writes_the_same_bytes_and_layout_as_the_default_path():
     samples = _samples(5)
     reference = C.plan_stack(samples, list(range(5)))
@@ -35,6 +37,7 @@ def test_rowwise_batch_writes_the_same_bytes_and_layout_as_the_default_path():
     assert built["meta"][0] == tuple(f"name{i}" for i in range(5))  # a field of a tuple sample, as torch's
 
 
+@pytest.mark.pure
 def test_rowwise_batch_names_the_first_mismatching_sample():
     samples = _samples(4)
     samples[2]["image"] = samples[2]["image"][:, :299]
@@ -45,6 +48,7 @@ def test_rowwise_batch_names_the_first_mismatching_sample():
         batch.write(L.slot_destination(buf), iter(samples[1:]))
 
 
+@pytest.mark.pure
 def test_rowwise_batch_refuses_a_short_batch():
     samples = _samples(3)
     batch = RowwiseBatch(samples[0], [0, 1, 2, 3])

@@ -1,4 +1,5 @@
-"""Samplers: pure, no processes."""
+"""Samplers: pure, no processes. The orders under them and their seeding
+(``shmload._ordering.sampler`` and ``seeding``) are tested too, as internals."""
 
 import sys
 
@@ -9,6 +10,8 @@ from shmload import BatchSampler, RandomSampler, SequentialSampler
 from shmload._ordering import seeding
 from shmload._ordering.sampler import Order
 from shmload._ordering.seeding import RangeShuffle, permutation
+
+pytestmark = pytest.mark.pure
 
 
 def test_sequential():

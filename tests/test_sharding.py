@@ -1,5 +1,6 @@
-"""Sharding under a trainer (shmload/_ordering/sharding.py): the pure rule, and the loader following
-it. The world is given by hand here; tests/test_trainers.py runs the same with real
+"""Sharding under a trainer (shmload/_ordering/sharding.py): the pure rule, tested as
+internals, and the loader following it. The world is given by hand here;
+tests/test_torchrun.py, test_lightning.py and test_accelerate.py run the same with real
 torch.distributed process groups, Lightning and accelerate."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from shmload._ordering import sharding
 from shmload._ordering.sharding import DistributedWarning, decide, looks_distributed
 
 from .helpers import AugmentedDataset, RangeDataset
+
+pytestmark = pytest.mark.pure
 
 
 class TorchLikeDistributed:

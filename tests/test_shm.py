@@ -1,13 +1,17 @@
 """Shared-memory segments, both backends: memfd never named, POSIX named for microseconds;
-reserved for real; shortage explained."""
+reserved for real; shortage explained; private to the user, and a name placed in advance
+never opened. Tests of internals (``shmload._transport.shm``), and the shortage through
+the loader."""
 
 import errno
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import shmload
 from shmload import SharedMemoryError
 from shmload._transport import shm
 
@@ -17,6 +21,7 @@ from .scripts import can_unshare, run_script, small_shm
 BACKENDS = ["memfd", pytest.param("posix", marks=pytest.mark.shm_names)]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_segment_has_no_name_and_is_mapped_and_writable(backend):
     before = _entries()
@@ -34,6 +39,7 @@ def test_a_segment_has_no_name_and_is_mapped_and_writable(backend):
         seg.close()
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("backend,expected", [
     pytest.param("posix", r"\(.* are free in /dev/shm; No space left on device\)\. .*--shm-size.*shm_backend='memfd'",
                  marks=pytest.mark.shm_names),
@@ -50,6 +56,7 @@ def test_a_reservation_failure_becomes_a_clear_error(monkeypatch, backend, expec
         shm.Segment(0, 64 << 20, backend=backend)
 
 
+@pytest.mark.pure
 def test_views_outlive_closing_the_segment():
     seg = shm.Segment(0, 1 << 12)
     view = np.frombuffer(seg.mmap, np.uint8)
@@ -58,6 +65,7 @@ def test_views_outlive_closing_the_segment():
     assert view[:3].tolist() == [7, 7, 7]
 
 
+@pytest.mark.pure
 @pytest.mark.shm_names
 def test_a_loader_reports_the_shortage_instead_of_crashing(monkeypatch):
     from shmload import DataLoader
@@ -102,6 +110,7 @@ def test_a_small_dev_shm_gives_a_clear_error_or_a_smaller_ring_never_sigbus(back
     assert re.search(expected, result.stdout), result.stdout + result.stderr
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_released_range_goes_back_to_memory_for_every_mapping(backend):
     # what the ring does with a retired slot nobody uses (NOTE [ What counts against the bound ])
@@ -119,3 +128,36 @@ def test_a_released_range_goes_back_to_memory_for_every_mapping(backend):
     finally:
         seg.close()
     assert not seg.release(0, page)  # closed: nothing to give back
+
+
+# ---------------------------------------------------------------- security
+@pytest.mark.pure
+def test_segments_are_private_to_the_user_and_never_named_while_in_use():
+    seg = shmload._transport.shm.Segment(0, 1 << 16)
+    try:
+        st = os.fstat(seg.fd)
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+        assert st.st_nlink == 0  # unlinked: no name another process could open
+    finally:
+        seg.close()
+
+
+@pytest.mark.pure
+def test_a_pre_created_name_is_never_opened(monkeypatch):
+    """Names are random (96 bits) and created with O_EXCL: a file an attacker placed under
+    the name shmload draws is skipped, not opened, and left untouched."""
+    names = iter(["a" * 24, "b" * 24])
+    monkeypatch.setattr(shmload._transport.shm.secrets, "token_hex", lambda n: next(names))
+    squatted = Path("/dev/shm/shmload-" + "a" * 24)
+    squatted.write_bytes(b"attacker data")
+    os.chmod(squatted, 0o666)
+    try:
+        seg = shmload._transport.shm.Segment(0, 1 << 12)
+        try:
+            assert os.fstat(seg.fd).st_ino != squatted.stat().st_ino
+            assert bytes(seg.mmap[:13]) == bytes(13)
+        finally:
+            seg.close()
+        assert squatted.read_bytes() == b"attacker data"
+    finally:
+        squatted.unlink()

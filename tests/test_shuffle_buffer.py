@@ -1,5 +1,7 @@
 """Shuffling streams (issue 22): a seeded shuffle buffer per worker stream that resumes
-exactly, and stream_parts(), the shared shuffle of a stream's parts."""
+exactly, and stream_parts(), the shared shuffle of a stream's parts. The buffer and the
+arrangement are tested alone first, as internals (``shmload._ordering.shuffle``), then
+through the loader."""
 
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ def labels(loader, epochs=1):
 
 
 def simulate(size, key, total):
-    """The buffer's order over range(total), written out the plain way (the NOTE in
-    shuffle.py): fill, then pick with u_t mod held, refill or move the last slot in."""
+    """The buffer's order over range(total), written out the plain way (NOTE [ A shuffle
+    buffer that resumes exactly ], shuffle.py): fill, then pick with u_t mod held, refill
+    or move the last slot in."""
     from shmload._ordering.shuffle import block_picks
     buf, out, src, t = [], [], iter(range(total)), 0
     for x in src:
@@ -55,6 +58,7 @@ def simulate(size, key, total):
 
 
 # ---------------------------------------------------------------- the buffer, pure
+@pytest.mark.pure
 @pytest.mark.parametrize("size,total", [(1, 50), (7, 0), (7, 3), (7, 7), (7, 8), (64, 5000), (5000, 20000)])
 def test_the_buffer_is_the_plain_algorithm_and_emits_every_sample_once(size, total):
     key = (3, 1, 0, 2)
@@ -65,6 +69,7 @@ def test_the_buffer_is_the_plain_algorithm_and_emits_every_sample_once(size, tot
         assert got == list(range(total))
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("size,total", [(1, 40), (5, 3), (5, 5), (16, 400), (300, 9000)])
 def test_the_arrangement_is_computed_for_any_step_without_the_samples(size, total):
     """arrangement() (picks found backwards, the drain replayed) equals the slots of a
@@ -83,11 +88,13 @@ def test_the_arrangement_is_computed_for_any_step_without_the_samples(size, tota
     assert checked > 2
 
 
+@pytest.mark.pure
 def test_an_arrangement_no_buffer_can_reach_is_refused():
     with pytest.raises(ValueError, match=r"a shuffle buffer of 8 after 5 steps has read 13 samples, not 12"):
         arrangement(8, (0, 0, 0, 0), 5, 12, None)
 
 
+@pytest.mark.pure
 def test_a_source_error_changes_nothing_and_the_next_call_asks_again():
     def flaky():
         for k in range(30):
@@ -118,6 +125,7 @@ def test_a_source_error_changes_nothing_and_the_next_call_asks_again():
     assert got == simulate(8, (1, 1, 1, 1), 30)
 
 
+@pytest.mark.pure
 def test_the_parts_share_is_a_partition_shuffled_alike_everywhere():
     parts = [f"part-{i:03d}" for i in range(23)]
     shuffle = StreamShuffle(100, parts_seed=5)
@@ -177,6 +185,7 @@ def test_the_same_seed_gives_the_same_batches_and_one_stream_is_one_stream():
     assert batches(0, 7) != batches(0, 8)
 
 
+@pytest.mark.pure
 def test_mixing_grows_with_the_buffer():
     """Mean displacement of a sample from its position in the stream: about N/2 for a
     buffer of N in steady state (each step takes any slot with equal chance), 0 for N=1."""
@@ -192,6 +201,7 @@ def test_mixing_grows_with_the_buffer():
         assert 0.5 * n < d < 2 * n, (n, d)
 
 
+@pytest.mark.pure
 def test_the_buffer_holds_references_not_copies():
     kept = []
 
@@ -274,6 +284,7 @@ def test_a_restarted_worker_takes_up_its_shuffled_stream(tmp_path, start_method)
     assert got == expected
 
 
+@pytest.mark.pure
 def test_resuming_behind_another_buffer_or_in_another_world_is_refused_in_the_middle_of_an_epoch():
     loader = make([40])(num_workers=0, seed=1)
     _, state = run(loader, 1, stop_after=2)
@@ -296,6 +307,7 @@ def test_resuming_behind_another_buffer_or_in_another_world_is_refused_in_the_mi
     assert sorted(sum(labels(again), [])) == list(range(40))
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("change,message", [
     (dict(read=1), r"a shuffle buffer of 16 after \d+ steps has read \d+ samples, not \d+"),
     (dict(end=-3), r"end=-3, expected a non-negative int or None"),
@@ -314,6 +326,7 @@ def test_a_malformed_stream_position_is_refused_at_load_state_dict(change, messa
     assert run(loader, 1)[0] == run(make([400])(num_workers=0, seed=1), 1)[0][40:]
 
 
+@pytest.mark.pure
 def test_the_saved_position_moves_forward_so_a_resume_reads_again_about_n_ln_n():
     """In steady state the saved source state is from about N·ln N samples back, not from
     the start: what a resume reads again stays bounded however far into the stream."""
@@ -327,6 +340,7 @@ def test_the_saved_position_moves_forward_so_a_resume_reads_again_about_n_ln_n()
     assert 4 <= behind <= 4 * buffer * math.log(buffer) + 4, (behind, position)
 
 
+@pytest.mark.pure
 def test_the_states_a_stream_keeps_are_few_whatever_the_draws():
     """Unbatched draws through a buffer of 1,000: the source's state is kept about every
     1,000 / 16 samples read, not at every draw, so the copies kept stay near 16·ln N,
@@ -375,6 +389,7 @@ def test_the_parts_order_survives_a_resume_into_a_loader_given_another_seed():
         assert run(resumed, 1)[0] == expected
 
 
+@pytest.mark.pure
 def test_a_buffer_that_was_not_refilled_is_an_error_not_a_placeholder():
     """A stream resumed at a position whose buffer the draws since do not empty (a state
     put together by hand) raises rather than deliver what it does not have."""
@@ -416,6 +431,7 @@ class Flaky:
         self.start = state["pos"]
 
 
+@pytest.mark.pure
 def test_a_replay_that_reads_differently_is_an_error_not_a_shifted_stream():
     """The saved run met a transient error (its draw failed, having taken fewer samples);
     the resumed one replays that draw without it. Every later batch would be shifted: the
@@ -452,6 +468,7 @@ class Unreachable(StatefulWorkerStreams):
         raise OSError("shard not reachable")
 
 
+@pytest.mark.pure
 def test_a_resumed_stream_that_cannot_start_fails_that_draw_and_then_ends():
     """The start's error is the draw's; the stream is then ended (no replay was made, so
     nothing to find wrong with one)."""
@@ -500,12 +517,14 @@ def test_stream_parts_divides_the_parts_and_shuffles_them_per_epoch(workers):
     assert first != second and first != plain[0]
 
 
+@pytest.mark.pure
 def test_stream_parts_outside_a_loader_is_every_part_in_order():
     assert shmload.stream_parts(["a", "b", "c"]) == ["a", "b", "c"]
     assert [lab for _, lab in Parts()][:3] == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- settings
+@pytest.mark.pure
 def test_the_settings_are_checked_with_clear_messages():
     with pytest.raises(ValueError, match=r"shuffle_buffer=10 is for iterable sources .* a map-style dataset is "
                                          r"shuffled by shuffle=True"):
@@ -530,6 +549,7 @@ def test_the_settings_are_checked_with_clear_messages():
         loader.shuffle_buffer = 8
 
 
+@pytest.mark.pure
 def test_unbatched_draws_shuffle_too():
     loader = DataLoader(GeneratorSource(numbers, 40), batch_size=None, seed=4, shuffle_buffer=8)
     got = [int(lab) for _, lab in loader]

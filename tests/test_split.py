@@ -1,5 +1,7 @@
 """Split batches (issue 21): the parts of a batch, which worker loads which span, and a
-batch put together from spans that equals the batch loaded whole."""
+batch put together from spans that equals the batch loaded whole. The parts, spans and
+their dispatch are tested alone first, as internals (``shmload._batching``,
+``shmload._session``), then through the loader."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.timeout(90),  # (3 workers on a 2-core machine: torch'
 
 
 # ---------------------------------------------------------------- pure: parts and spans
+@pytest.mark.pure
 def test_bounds_cut_a_batch_into_even_contiguous_parts_larger_first():
     assert bounds(10, 2) == [0, 5, 10]
     assert bounds(10, 3) == [0, 4, 7, 10]
@@ -37,6 +40,7 @@ def test_bounds_cut_a_batch_into_even_contiguous_parts_larger_first():
     assert bounds(1, 4) == [0, 1]
 
 
+@pytest.mark.pure
 def test_cuts_are_where_a_new_part_begins_in_what_a_task_loads():
     assert cuts_within(10, 1, None) == []
     assert cuts_within(10, 3, None) == [(4, 1), (7, 2)]  # the whole batch: reseed before rows 4 and 7
@@ -46,6 +50,7 @@ def test_cuts_are_where_a_new_part_begins_in_what_a_task_loads():
     assert cuts_within(10, 3, span(10, 3, 2, 3)) == []
 
 
+@pytest.mark.pure
 def test_idle_workers_share_a_batch_and_busy_ones_leave_it_whole():
     # the epoch's first batch: both idle, each takes half
     assert plan_spans(32, 2, [0, 0], [True, True]) == [(0, Span(0, 1, 0, 16, 32)), (1, Span(1, 2, 16, 32, 32))]
@@ -59,6 +64,7 @@ def test_idle_workers_share_a_batch_and_busy_ones_leave_it_whole():
     assert plan_spans(32, 2, [0, 0], [False, False]) == []
 
 
+@pytest.mark.pure
 def test_forced_splitting_uses_every_worker_with_room_even_when_it_finishes_no_sooner():
     assert len(plan_spans(32, 4, [0, 100, 100], [True, True, True])) == 1
     got = plan_spans(32, 4, [0, 100, 100], [True, True, True], force=True)
@@ -66,6 +72,7 @@ def test_forced_splitting_uses_every_worker_with_room_even_when_it_finishes_no_s
     assert got[0][0] == 0  # the largest span to the least loaded worker
 
 
+@pytest.mark.pure
 def test_at_the_end_a_batch_waits_for_a_worker_about_to_be_idle_and_not_for_a_slow_one():
     # w0 idle; w1 holds 32 rows at 10 ms a row (0.32 s) and began 0.30 s ago: due in 0.02 s
     assert tail_wait([True, False], [0, 32], [None, 0.0], 0.30, 0.01, 2) == pytest.approx(0.032)  # a tenth, at least
@@ -78,6 +85,7 @@ def test_at_the_end_a_batch_waits_for_a_worker_about_to_be_idle_and_not_for_a_sl
     assert tail_wait([True, False, False], [0, 32, 32], [None, 0.0, 0.1], 0.3, 0.01, 3) == pytest.approx(0.032)
 
 
+@pytest.mark.pure
 def test_the_dispatcher_counts_rows_held_and_when_each_worker_began_its_task():
     d = Dispatcher(3, 4)
     whole = Task(1, 0, 0, Indices(np.arange(8)), None)
@@ -94,6 +102,7 @@ def test_the_dispatcher_counts_rows_held_and_when_each_worker_began_its_task():
     assert d.busy_since[1] is None and d.loads() == [8, 0, 0]
 
 
+@pytest.mark.pure
 def test_a_part_is_seeded_apart_and_part_zero_keeps_the_batch_seed():
     assert seeding.batch_seed(3, 1, 7, part=0) == seeding.batch_seed(3, 1, 7)
     seeds = {seeding.batch_seed(3, 1, 7, part=p) for p in range(8)} | {seeding.batch_seed(3, 1, 8)}
@@ -110,11 +119,13 @@ def _layout(rows: int, names: list | None = None) -> Layout:
     return Layout(structure, leaves, leaves[1].offset + rows * 8)
 
 
+@pytest.mark.pure
 def test_a_span_layout_widens_to_the_whole_batch_layout():
     assert widened(_layout(3), 10) == _layout(10)
     assert widened(_layout(3, ["a", "b", "c"]), 10) == _layout(10, ["a", "b", "c"])
 
 
+@pytest.mark.pure
 def test_spans_merge_with_object_leaves_joined_in_order_and_refuse_to_merge_when_they_differ():
     a, b = widened(_layout(2, ["x0", "x1"]), 4), widened(_layout(2, ["x2", "x3"]), 4)
     assert merged([a, b]) == _layout(4, ["x0", "x1", "x2", "x3"])
@@ -124,6 +135,7 @@ def test_spans_merge_with_object_leaves_joined_in_order_and_refuse_to_merge_when
     assert merged([widened(_layout(2), 4), a]) is None  # a leaf more
 
 
+@pytest.mark.pure
 def test_a_split_batch_waits_for_every_span_and_a_collate_error_loads_it_again_whole():
     spans = {0: span(8, 2, 0, 1), 1: span(8, 2, 1, 2)}
     split = SplitBatch(0, 5, list(range(8)), 2, spans, slot=None)
@@ -137,6 +149,7 @@ def test_a_split_batch_waits_for_every_span_and_a_collate_error_loads_it_again_w
     assert failing.error[0] == 0  # the earliest rows' error, as loading the batch whole raises it
 
 
+@pytest.mark.pure
 def test_a_redo_before_an_error_loads_the_batch_again_and_a_redo_after_one_leaves_the_error():
     """A batch loaded whole stops at its first bad sample: a collate error in an earlier
     span than a dataset error is the batch's (loaded again whole, it raises it), and a
@@ -152,6 +165,7 @@ def test_a_redo_before_an_error_loads_the_batch_again_and_a_redo_after_one_leave
     assert late_redo.finished and not late_redo.redo and late_redo.error[0] == 0
 
 
+@pytest.mark.pure
 def test_a_batch_loaded_again_whole_goes_to_a_worker_holding_no_later_batch():
     """A worker loads its tasks in order: behind a later batch that waits for a larger
     slot, the batch sent again (an earlier one, which the allocator serves first) would
@@ -199,6 +213,7 @@ def test_a_failure_to_size_the_ring_for_a_split_batch_loads_it_whole_and_loses_n
     assert failures and _equal(got, want)
 
 
+@pytest.mark.pure
 def test_a_note_is_kept_where_exceptions_have_no_add_note():
     from shmload._session.spans import _add_note
 
@@ -272,6 +287,7 @@ def test_only_the_first_and_last_sixteen_batches_have_parts_unless_every_batch_i
         assert _equal(_batches(loader), default)
 
 
+@pytest.mark.pure
 def test_parts_change_the_seeding_and_split_batches_false_keeps_one_seed_per_batch():
     kw = dict(batch_size=8, seed=2, timeout=30)
     two = _batches(shmload.DataLoader(Augmented(), **kw))
@@ -619,6 +635,7 @@ def test_an_epoch_left_with_spans_in_flight_gives_their_slot_back_when_they_repo
         assert len(list(loader)) == 5
 
 
+@pytest.mark.pure
 def test_split_settings_are_checked():
     with pytest.raises(ValueError, match=r"split_batches should be True, False or None, but got split_batches='yes'"):
         shmload.DataLoader(Augmented(), split_batches="yes")

@@ -29,6 +29,7 @@ def fs_name(raw: bytes) -> str:
 
 
 # ---------------------------------------------------------------- indexing and slicing
+@pytest.mark.pure
 def test_an_int_index_gives_the_item_from_either_end_numpy_ints_too():
     names = StringArray(NAMES)
     assert [names[i] for i in range(len(NAMES))] == NAMES
@@ -36,18 +37,21 @@ def test_an_int_index_gives_the_item_from_either_end_numpy_ints_too():
     assert names[np.int64(3)] == NAMES[3] and names[np.uint8(4)] == NAMES[4] and names[np.int32(-2)] == NAMES[-2]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("index", [7, -8, 10**12, np.int64(7)])
 def test_an_index_out_of_range_names_the_index_and_the_length(index):
     with pytest.raises(IndexError, match=rf"^StringArray index {int(index)} is out of range for 7 items$"):
         StringArray(NAMES)[index]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("index", [1.0, "1", [0, 1], None])
 def test_an_index_neither_int_nor_slice_is_a_type_error(index):
     with pytest.raises(TypeError, match=rf"StringArray indices must be integers or slices, not {type(index).__name__}"):
         StringArray(NAMES)[index]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("sl", [slice(None), slice(1, 4), slice(2, None, 2), slice(None, None, -1), slice(-2, 1, -2),
                                 slice(5, 2), slice(100, 200), slice(None, None, 3), slice(-100, 100, 4)])
 def test_a_slice_is_a_string_array_of_the_lists_slice(sl):
@@ -56,6 +60,7 @@ def test_a_slice_is_a_string_array_of_the_lists_slice(sl):
     assert part.offsets[0] == 0 and part.data.nbytes == sum(len(n.encode()) for n in NAMES[sl])
 
 
+@pytest.mark.pure
 def test_length_iteration_and_sequence_methods():
     names = StringArray(NAMES)
     assert isinstance(names, collections.abc.Sequence) and len(names) == 7 and list(names) == NAMES
@@ -64,6 +69,7 @@ def test_length_iteration_and_sequence_methods():
     assert len(StringArray()) == 0 and list(StringArray([])) == []
 
 
+@pytest.mark.pure
 def test_iteration_and_building_cross_chunk_boundaries():
     names = [f"{i:x}" * (i % 5) for i in range(150_000)]  # more than two chunks, empty items too
     built = StringArray(iter(names))
@@ -73,6 +79,7 @@ def test_iteration_and_building_cross_chunk_boundaries():
 
 
 # ---------------------------------------------------------------- what goes in
+@pytest.mark.pure
 def test_equality_with_string_arrays_and_lists():
     names = StringArray(NAMES)
     assert names == StringArray(NAMES) and names == NAMES and NAMES == names
@@ -83,6 +90,7 @@ def test_equality_with_string_arrays_and_lists():
         hash(names)
 
 
+@pytest.mark.pure
 def test_bytes_stay_bytes_and_str_stays_str():
     raw = [b"\x00\xff", b"plain", b""]
     as_bytes, as_str = StringArray(raw), StringArray(["\x00\xff", "plain", ""])
@@ -92,6 +100,7 @@ def test_bytes_stay_bytes_and_str_stays_str():
     assert as_str.data.tobytes() == "\x00\xffplain".encode()  # str is stored UTF-8 encoded
 
 
+@pytest.mark.pure
 def test_non_ascii_and_surrogate_escaped_file_names_round_trip():
     raw = [b"caf\xc3\xa9.jpg", b"latin1-caf\xe9.jpg", b"\xff\xfe", "日本".encode()]
     names = [fs_name(r) for r in raw]
@@ -102,6 +111,7 @@ def test_non_ascii_and_surrogate_escaped_file_names_round_trip():
     assert list(pickle.loads(pickle.dumps(stored))) == names
 
 
+@pytest.mark.pure
 def test_other_inputs_generators_numpy_arrays_paths_and_string_arrays():
     assert StringArray(n for n in NAMES) == NAMES
     assert StringArray(np.array(NAMES)) == NAMES
@@ -114,6 +124,7 @@ def test_other_inputs_generators_numpy_arrays_paths_and_string_arrays():
         StringArray(np.array([["a"], ["b"]]))
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("items,message", [
     (["a", "b", b"c"], r"^StringArray: item 2 is bytes, expected str like item 0 \(the items must be all str or all "
                        r"bytes\)$"),
@@ -130,11 +141,13 @@ def test_a_bad_item_is_a_type_error_naming_its_index_and_type(items, message):
         StringArray(items)
 
 
+@pytest.mark.pure
 def test_a_bad_item_after_the_first_chunk_is_named_by_its_index():
     with pytest.raises(TypeError, match=r"^StringArray: item 70000 is int \(7\), expected str or bytes$"):
         StringArray([str(i) for i in range(70_000)] + [7])
 
 
+@pytest.mark.pure
 def test_a_lone_surrogate_that_no_file_name_has_is_a_value_error():
     with pytest.raises(ValueError, match=r"StringArray: item 1 \('bad\\ud800'\) cannot be stored: surrogates not "
                                          r"allowed"):
@@ -142,6 +155,7 @@ def test_a_lone_surrogate_that_no_file_name_has_is_a_value_error():
 
 
 # ---------------------------------------------------------------- immutability, size, repr
+@pytest.mark.pure
 def test_it_cannot_be_changed():
     names = StringArray(NAMES)
     with pytest.raises(TypeError, match="does not support item assignment"):
@@ -159,12 +173,14 @@ def test_it_cannot_be_changed():
     assert list(names) == NAMES
 
 
+@pytest.mark.pure
 def test_nbytes_is_the_encoded_text_and_the_offsets():
     names = StringArray(NAMES)
     assert names.data.dtype == np.uint8 and names.offsets.dtype == np.int64 and len(names.offsets) == 8
     assert names.nbytes == sum(len(n.encode()) for n in NAMES) + 8 * 8
 
 
+@pytest.mark.pure
 def test_repr_shows_the_first_items_and_the_length():
     assert repr(StringArray(["a", "b"])) == "StringArray(['a', 'b'], len=2)"
     long = repr(StringArray(f"name{i}" for i in range(100_000)))
@@ -172,6 +188,7 @@ def test_repr_shows_the_first_items_and_the_length():
     assert repr(StringArray()) == "StringArray([], len=0)"
 
 
+@pytest.mark.pure
 def test_building_from_a_generator_holds_about_one_chunk_of_python_objects():
     n = 300_000
     names = (f"n01440764/n01440764_{i}.JPEG" for i in range(n))
@@ -188,6 +205,7 @@ def test_building_from_a_generator_holds_about_one_chunk_of_python_objects():
 
 
 # ---------------------------------------------------------------- pickling
+@pytest.mark.pure
 @pytest.mark.parametrize("items", [NAMES, [b"\x00", b"", b"\xff" * 70_000], []])
 def test_pickling_round_trips(items):
     for protocol in (2, pickle.HIGHEST_PROTOCOL):
@@ -195,6 +213,7 @@ def test_pickling_round_trips(items):
         assert isinstance(back, StringArray) and back == items and back.kind is StringArray(items).kind
 
 
+@pytest.mark.pure
 def test_a_pickle_is_about_the_bytes_of_the_names_not_a_list_of_strings():
     names = [f"train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(100_000)]
     stored = StringArray(names)
@@ -253,6 +272,7 @@ def test_workers_read_the_same_names_as_the_main_process(context):
     assert np.array_equal(lengths, want_lengths) and np.array_equal(raw, want_raw) and is_string_array.all()
 
 
+@pytest.mark.pure
 def test_image_folder_finds_files_whose_names_are_not_utf8(tmp_path):
     cls = tmp_path / "café"
     cls.mkdir()
@@ -268,6 +288,7 @@ def test_image_folder_finds_files_whose_names_are_not_utf8(tmp_path):
     assert ds[-1] == (len(ds.path(2)), 0)
 
 
+@pytest.mark.pure
 def test_a_stepped_slice_of_long_items_is_right_and_copied_an_item_at_a_time():
     from shmload.datasets import strings
 
@@ -276,6 +297,7 @@ def test_a_stepped_slice_of_long_items_is_right_and_copied_an_item_at_a_time():
     assert sa[::-1] == items[::-1] and sa[1::3] == items[1::3] and sa[-2:0:-2] == items[-2:0:-2]
 
 
+@pytest.mark.pure
 def test_the_arrays_cannot_be_made_writeable_again():
     sa = StringArray(["a", "bc"])
     for array in (sa.data, sa.offsets):

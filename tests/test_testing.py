@@ -14,11 +14,9 @@ from shmload import DataLoader, DeferredArray
 from shmload.datasets import ArrayDataset
 from shmload.testing import assert_resumes_exactly, check_deferred_array
 
-from .helpers import RampArray
+from .helpers import TIMEOUT, RampArray
 
 pytestmark = pytest.mark.timeout(60)
-
-TIMEOUT = 30  # seconds, for loaders with workers: a hang fails the test instead of the run
 
 
 # ---------------------------------------------------------------- assert_resumes_exactly
@@ -56,6 +54,7 @@ class Unseeded:
         return np.random.default_rng().random(2)
 
 
+@pytest.mark.pure
 def test_a_dataset_the_seed_does_not_govern_fails():
     def make(num_workers, seed):
         return DataLoader(Unseeded(), batch_size=4, num_workers=num_workers, seed=seed, timeout=TIMEOUT)
@@ -64,6 +63,7 @@ def test_a_dataset_the_seed_does_not_govern_fails():
         assert_resumes_exactly(make, stops=[1], pairs=[(0, 0)])
 
 
+@pytest.mark.pure
 def test_resumed_batches_that_differ_are_named():
     """The resumed loader continues at the right place, but its dataset's values differ."""
     def drifting(num_workers, seed):
@@ -76,6 +76,7 @@ def test_resumed_batches_that_differ_are_named():
         assert_resumes_exactly(drifting, stops=[3], pairs=[(0, 0)])
 
 
+@pytest.mark.pure
 def test_misused_arguments_fail_before_anything_runs():
     built = []
 
@@ -102,6 +103,7 @@ class Filled(DeferredArray):
         out[...] = self.byte
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("value", [
     RampArray(5),  # tests/helpers.py
     ArrayDataset(np.arange(20.0).reshape(10, 2), np.arange(10)).__getitems__([7, 1, 3]).batch[0],
@@ -155,6 +157,7 @@ class NotDeferred:
         out[...] = 0
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("value, message", [
     (OneUnwritten(0), r"^OneUnwritten\.write_into left 1 of 12 elements of out unwritten \(the first at index "
                       r"\(2, 3\)\): write every element"),
@@ -170,6 +173,7 @@ def test_a_deferred_array_that_breaks_the_contract_fails(value, message):
         check_deferred_array(value)
 
 
+@pytest.mark.pure
 def test_the_name_given_is_used_in_messages():
     with pytest.raises(AssertionError, match=r"^image\.write_into left 1 of 12"):
         check_deferred_array(OneUnwritten(0), name="image")

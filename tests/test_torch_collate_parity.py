@@ -3,7 +3,9 @@ run against torch 2.13's DataLoader): a tuple sample batches to a list, containe
 subclasses are copied from sample 0, and numeric types that differ between the samples of
 a batch are promoted as torch promotes them (layout.py: NOTE [ Batch containers ], NOTE
 [ Mixed numeric types ]). The rules are checked without torch, with torch's results
-written out, then side by side with torch's own DataLoader (marked ``torch``)."""
+written out, then side by side with torch's own DataLoader (marked ``torch``). The
+rules are read at the collate's internals (``shmload._batching``) as well as through the
+loader."""
 
 from __future__ import annotations
 
@@ -166,6 +168,7 @@ def test_container_subclasses_are_copied_from_sample_0_as_torch_copies_them(num_
         assert type(batch["tuple_subclass"]) is list
 
 
+@pytest.mark.pure
 def test_a_container_that_cannot_be_copied_falls_back_to_list_or_dict_as_in_torch():
     class NoSetItem(list):
         def __setitem__(self, i, value):
@@ -180,6 +183,7 @@ def test_a_container_that_cannot_be_copied_falls_back_to_list_or_dict_as_in_torc
     assert type(batch[1]) is dict and batch[1]["a"].tolist() == [0, 1, 2]
 
 
+@pytest.mark.pure
 def test_batch_size_none_can_turn_tuples_into_lists_as_torchs_default_convert():
     sample = ("a", 1, np.zeros(2), Point(np.ones(1), "p"))
     converted = C.build_local(C.plan_convert(sample, tuple_as_list=True))
@@ -215,6 +219,7 @@ NUMBER_CASES = [
 ]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("values, dtype", NUMBER_CASES, ids=[str(v) for v, _ in NUMBER_CASES])
 def test_python_and_numpy_numbers_of_different_types_are_promoted_as_torch_does(values, dtype):
     batch = default_collate(values)
@@ -234,6 +239,7 @@ ARRAY_CASES = [
 ]
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("dtypes, dtype", ARRAY_CASES, ids=[str(d) for d, _ in ARRAY_CASES])
 def test_arrays_of_one_shape_and_different_dtypes_are_promoted_as_torch_stack_does(dtypes, dtype):
     samples = [np.full((2, 3), i, d) for i, d in enumerate(dtypes)]
@@ -258,6 +264,7 @@ def test_mixed_types_in_a_loader_give_torchs_dtypes_with_and_without_workers(num
     assert arrays[0][:, 0].tolist() == [0, 1, 2, 3] and arrays[3][:, 0, 0].tolist() == [0, 1, 0, 1]
 
 
+@pytest.mark.pure
 def test_uniform_batches_keep_the_fast_path_and_mixed_ones_are_planned_at_their_promoted_size(monkeypatch):
     calls = []
     slow = C._plan_stack_slowly
@@ -270,6 +277,7 @@ def test_uniform_batches_keep_the_fast_path_and_mixed_ones_are_planned_at_their_
     assert calls == [1] and plan.layout.nbytes == 16 * 64 * 8 and plan.layout.leaves[0].dtype == np.float64
 
 
+@pytest.mark.pure
 def test_a_python_int_beyond_int64_in_a_promoted_column_is_named():
     with pytest.raises(CollateError, match=r"field sample: the Python int 9223372036854775808 does not fit in int64"):
         default_collate([np.int8(1), 2**63])
@@ -283,6 +291,7 @@ class _Ramp(DeferredArray):
         out[...] = np.arange(2)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize("bad, pattern", [
     ([np.zeros(3, np.float32), np.zeros(4, np.float64)], r"field sample: position 1 .*shape \(4,\)"),
     ([(1, 2), [1, 2]], r"field sample: position 1 .* has a list of length 2, expected a tuple"),
@@ -303,6 +312,7 @@ def test_real_mismatches_stay_collate_errors(bad, pattern):
         _plan_and_write(bad)
 
 
+@pytest.mark.pure
 def test_a_rowwise_batch_refuses_a_changed_type_with_what_to_do():
     # Large samples are written into the slot as they arrive (rowwise.py): sample 0 fixes the dtype.
     samples = [{"image": np.zeros((256, 256), np.float64 if i == 2 else np.float32), "label": i} for i in range(4)]
@@ -326,6 +336,7 @@ _TORCH_SHARED = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "
                  "float16", "float32", "float64", "complex64", "complex128"]
 
 
+@pytest.mark.pure
 @pytest.mark.torch
 @needs_torch
 def test_promote_types_is_torchs_for_every_pair_of_shared_dtypes():
@@ -338,6 +349,7 @@ def test_promote_types_is_torchs_for_every_pair_of_shared_dtypes():
         assert promote_types(np.dtype(a), np.dtype(b)) == want, (a, b)
 
 
+@pytest.mark.pure
 @pytest.mark.torch
 @needs_torch
 @pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy.ndarrays:UserWarning")

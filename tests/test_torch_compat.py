@@ -23,6 +23,7 @@ TOO_MANY = ("This DataLoader will create 2 worker processes in total. Our sugges
             "avoid potential slowness/freeze if necessary.")
 
 
+@pytest.mark.pure
 def test_the_loader_and_samplers_take_type_parameters_as_torchs_do():
     def batches() -> DataLoader[dict]:
         return DataLoader(RangeDataset(4))
@@ -64,6 +65,7 @@ def test_more_workers_than_cores_is_torchs_warning_at_construction_and_when_work
     assert len(_said(three, "in total", how="default")[1]) == 2
 
 
+@pytest.mark.pure
 def test_the_excessive_worker_warning_without_a_cpu_affinity_is_torchs(monkeypatch):
     monkeypatch.delattr(os, "sched_getaffinity")
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
@@ -78,6 +80,7 @@ def test_the_excessive_worker_warning_without_a_cpu_affinity_is_torchs(monkeypat
         "running slow or even freeze, lower the worker number to avoid potential slowness/freeze if necessary."]
 
 
+@pytest.mark.pure
 def test_a_negative_num_workers_reads_as_ours_and_as_torchs():
     for match in (r"^num_workers should be a non-negative integer, but got num_workers=-1",
                   r"num_workers option should be non-negative"):  # torch's regex, in its own tests
@@ -125,6 +128,7 @@ def test_a_stream_longer_than_its_len_warns_at_every_batch_past_it_as_torch(work
     it = None  # (its finalizer stops the workers)
 
 
+@pytest.mark.pure
 def test_a_stream_longer_than_its_len_is_torchs_warning_once_len_was_asked():
     """torch's figures, quirk included: the batches yielded against len(dataset)."""
     class Lying(WorkerStreams):
@@ -152,6 +156,7 @@ def test_a_whole_time_out_reads_as_torchs_message():
         next(iter(loader))
 
 
+@pytest.mark.pure
 def test_pin_memory_without_an_accelerator_is_torchs_warning_and_the_same_batches():
     plain = [b.tolist() for b in DataLoader(RangeDataset(6), batch_size=2)]
     loader = DataLoader(RangeDataset(6), batch_size=2, pin_memory=True)
@@ -161,6 +166,7 @@ def test_pin_memory_without_an_accelerator_is_torchs_warning_and_the_same_batche
         assert [b.tolist() for b in loader] == plain
 
 
+@pytest.mark.pure
 @pytest.mark.torch
 @needs_torch
 def test_torch_gives_the_same_warnings_in_the_same_words(monkeypatch):

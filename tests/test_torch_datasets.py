@@ -1,7 +1,8 @@
 """torch's own datasets, as torch's DataLoader takes them: a dataset holding tensors under
 spawn and forkserver (each worker gets its own pickle: a tensor's storage travels as a
 descriptor only one process can take), and an IterableDataset that is its own iterator.
-Skipped without torch."""
+Skipped without torch. One test counts the dataset's pickles where the session makes them
+(``shmload._session.shipping``), on purpose."""
 
 import os
 import signal

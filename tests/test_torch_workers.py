@@ -1,6 +1,8 @@
 """Inside a worker, as in torch's DataLoader: one intra-op thread (torch ops in forked
 workers do not hang), and random, numpy and torch seeded per worker before
-worker_init_fn. Skipped without torch. Module-level datasets: spawn workers import them."""
+worker_init_fn. Skipped without torch. Module-level datasets: spawn workers import them.
+The expected seeds are computed with the internal ``shmload._ordering.seeding``, on
+purpose."""
 
 import random
 

@@ -28,7 +28,7 @@ from shmload.transforms import (
 from shmload.transforms.decode import prepare
 from shmload.transforms.ops import crop_resize
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.pure]
 
 
 @pytest.fixture(scope="module")

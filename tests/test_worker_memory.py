@@ -30,6 +30,7 @@ def trend(uss_mb, seconds=1.0):
 
 
 # ---------------------------------------------------------------- the rule
+@pytest.mark.pure
 def test_steady_growth_is_flagged_as_steady():
     t = trend(np.linspace(20, 120, 20))
     assert t.growing and t.steady
@@ -37,6 +38,7 @@ def test_steady_growth_is_flagged_as_steady():
     assert t.samples == 20 and t.seconds == 19.0 and t.rate == pytest.approx(100 * MB / 19)
 
 
+@pytest.mark.pure
 def test_noisy_but_rising_is_flagged():
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -44,6 +46,7 @@ def test_noisy_but_rising_is_flagged():
         assert t.growing and t.steady
 
 
+@pytest.mark.pure
 def test_a_one_time_step_is_not_flagged():
     # a decoder's buffers at the first batch: 100 MB between two samples, then flat
     assert not trend([20] + [120] * 19).growing
@@ -51,6 +54,7 @@ def test_a_one_time_step_is_not_flagged():
     assert not trend([20, 20, 70, 120] + [120.5] * 16).growing  # spread over two intervals
 
 
+@pytest.mark.pure
 def test_flat_is_not_flagged():
     assert not trend([40.0, 40.1, 39.9, 40.3, 40.2, 40.4] * 4).growing
     # 20 MB: under the 32 MB floor
@@ -59,18 +63,21 @@ def test_flat_is_not_flagged():
     assert not trend(np.linspace(2000, 2100, 20)).growing
 
 
+@pytest.mark.pure
 def test_too_short_is_not_flagged():
     assert not trend(np.linspace(20, 120, 5)).growing  # too few samples
     assert not trend(np.linspace(20, 120, 20), seconds=0.1).growing  # 1.9 s in all
     assert trend([20]) is None
 
 
+@pytest.mark.pure
 def test_growth_that_levels_off_is_flagged_but_not_steady():
     # copy-on-read in a shuffled order: most pages copied early, then flat
     t = trend(120 - 100 * np.exp(-np.arange(30) / 3.0))
     assert t.growing and not t.steady
 
 
+@pytest.mark.pure
 def test_memory_that_rose_and_fell_back_is_not_flagged():
     assert not trend(list(np.linspace(20, 200, 10)) + list(np.linspace(200, 60, 10))).growing
 
@@ -89,6 +96,7 @@ class FakeReads:
         return self.uss.get(pid, 10 * MB)
 
 
+@pytest.mark.pure
 def test_the_sampler_reads_one_worker_a_time_round_robin_each_at_most_every_interval(monkeypatch):
     monkeypatch.setattr(memory, "_clock", lambda: 0.0)  # reads take no time (a busy machine's would count)
     reads = FakeReads()
@@ -106,12 +114,14 @@ def test_the_sampler_reads_one_worker_a_time_round_robin_each_at_most_every_inte
     assert len(reads.read) == 9
 
 
+@pytest.mark.pure
 def test_slow_reads_are_spaced_to_stay_within_the_budget():
     history = MemoryHistory(FakeReads(seconds=0.02))
     history.sample(0.0, {0: 100, 1: 101})
     assert history.next_read >= 0.02 / memory.MEMORY_BUDGET  # 2 s, not 0.5 s
 
 
+@pytest.mark.pure
 def test_a_full_series_keeps_every_other_sample_and_reads_half_as_often():
     history = MemoryHistory(FakeReads())
     for k in range(memory.SAMPLES + 1):
@@ -123,6 +133,7 @@ def test_a_full_series_keeps_every_other_sample_and_reads_half_as_often():
     assert len(history.window(0.0)[0][1]) == memory.SAMPLES // 2 + 1
 
 
+@pytest.mark.pure
 def test_a_new_process_of_a_worker_starts_a_new_series_and_the_longest_in_the_window_is_reported():
     reads = FakeReads()
     history = MemoryHistory(reads)
@@ -143,6 +154,7 @@ def _stats(*trends):
     return LoaderStats(2.0, len(trends), 4, 2, MainStats(1, 100, 0, 0.1, 1.9), workers, None)
 
 
+@pytest.mark.pure
 def test_the_diagnosis_names_copy_on_read_and_the_fix_only_when_memory_grows():
     steady = trend(np.linspace(20, 120, 20))
     s = _stats(steady, trend([20] * 20))
