@@ -5,7 +5,7 @@
 Each run is a fresh ``python -c`` process (``child()`` below) that builds one loader
 over a dataset whose sample i is i (so every batch names itself), drives one epoch
 through one fault, and reports what it saw as one JSON line on stdout. The faults are
-the ones tests/test_hardening_process.py provokes one at a time, here with drawn
+the ones tests/test_interrupts.py and tests/test_faults.py provoke one at a time, here with drawn
 settings:
 
 - ``none``: one epoch;
@@ -324,8 +324,8 @@ def _preempted(signum: int, frame: Any) -> None:
 
 
 def fault_ctrl_c(run: Run, signum: int = signal.SIGINT, raised: type = KeyboardInterrupt) -> None:
-    """tests/test_hardening_process.py's test_ctrl_c_inside_next_then_going_on_..., with
-    drawn moments; for ``preempt``, from iter() on (tests/test_hardening3.py)."""
+    """tests/test_interrupts.py's test_ctrl_c_inside_next_then_going_on_..., with
+    drawn moments; for ``preempt``, from iter() on (tests/test_interrupts.py)."""
     pending, got, batch = list(run.p["interrupts"]), [], None
     it = run.epoch(0) if signum == signal.SIGINT else None
     while True:
@@ -399,7 +399,7 @@ def fault_threads(run: Run) -> None:
 
 
 def fault_fork(run: Run) -> None:
-    """tests/test_hardening_process.py's test_a_forked_child_that_exits_leaves_the_parents_
+    """tests/test_interrupts.py's test_a_forked_child_that_exits_leaves_the_parents_
     workers_alone, at a drawn batch."""
     it = run.epoch(0)
     got = take(it, run.p["fork_after"])

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from typing import NamedTuple
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_MAX_CHARS = 8_000  # issue 34: a newcomer's page; the rest lives in docs/
 
@@ -183,6 +185,7 @@ def python_block_error(code: str) -> str | None:
 # --- the reader reads, and the checks catch what they are for ----------------------------
 
 
+@pytest.mark.pure
 def test_the_reader_finds_fences_headings_and_links():
     assert read_markdown("```bash\nx\n``` and text\n## Heading\n").unclosed == 1  # (the README's old mistake)
     assert read_markdown("````\n```\n````\n").unclosed is None
@@ -202,6 +205,7 @@ def test_the_reader_finds_fences_headings_and_links():
     assert anchors("## A\n\n## A\n") == {"a", "a-1"}
 
 
+@pytest.mark.pure
 def test_a_broken_link_is_found(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "b.md").write_text("# B\n\n## Kept section\n")
@@ -215,6 +219,7 @@ def test_a_broken_link_is_found(tmp_path):
     ]
 
 
+@pytest.mark.pure
 def test_a_python_block_that_does_not_parse_is_found():
     assert python_block_error("for x in y:\n    print(x)\n") is None
     assert python_block_error("f(a, b=1, *,\n  c=2)\nmod.g(x, *, y=0)\n") is None  # signatures
@@ -225,12 +230,14 @@ def test_a_python_block_that_does_not_parse_is_found():
 # --- the docs ------------------------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_every_code_fence_in_the_docs_closes():
     for path in doc_paths():
         unclosed = read_markdown(read(path)).unclosed
         assert unclosed is None, f"{path}:{unclosed}: this code fence never closes; everything after it renders as code"
 
 
+@pytest.mark.pure
 def test_every_python_block_in_the_docs_parses():
     checked = 0
     for path in doc_paths():
@@ -242,11 +249,13 @@ def test_every_python_block_in_the_docs_parses():
     assert checked >= 15
 
 
+@pytest.mark.pure
 def test_every_relative_link_in_the_docs_resolves():
     broken = [b for path in doc_paths() for b in broken_links(path)]
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.pure
 def test_the_readme_is_short_and_links_every_doc():
     text = readme()
     assert len(text) <= README_MAX_CHARS, f"README.md has {len(text)} characters; move detail into docs/"
@@ -268,17 +277,20 @@ def _readme_commands() -> list[str]:
     return [b.code.rstrip("\n") for b in read_markdown(readme()).blocks if b.info == "bash"]
 
 
+@pytest.mark.pure
 def test_ci_runs_the_readmes_test_command():
     test_command = next(c for c in _readme_commands() if "pytest" in c)
     assert test_command in read(os.path.join(".ci", "run")).splitlines()
 
 
+@pytest.mark.pure
 def test_ci_runs_the_readmes_torch_and_trainer_test_command():
     torch_command = next(c for c in _readme_commands() if "pytest -m torch" in c)
     assert "torch,lightning,accelerate,hf" in torch_command
     assert torch_command in read(os.path.join(".ci", "run")).splitlines()
 
 
+@pytest.mark.pure
 def test_every_test_the_reliability_doc_cites_exists():
     cited = set(re.findall(r"`(?:tests/test_\w+\.py::)?(test_\w+)`", read(os.path.join("docs", "reliability.md"))))
     defined = set()
@@ -318,6 +330,7 @@ def _loaders_signature() -> str:
     return ("DataLoader(" + ",".join(parts) + ")").replace("'", '"')
 
 
+@pytest.mark.pure
 def test_the_documented_signatures_are_the_loaders():
     assert _documented_signatures("x DataLoader(dataset, batch_size=1,\n  f=(1, 2), *, g='a') y") == \
         ['DataLoader(dataset,batch_size=1,f=(1,2),*,g="a")']
@@ -343,6 +356,7 @@ def _table_rows(prose: str, header: list[str]) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.pure
 def test_the_api_docs_argument_table_has_a_row_for_each_argument_and_no_other():
     rows = _table_rows("| argument | meaning |\n|---|---|\n| `a`, `b` | x |\n| `c` | y |\n\n| `d` | z |\n",
                        ["argument", "meaning"])
@@ -384,13 +398,36 @@ def unresolved_names(text: str) -> list[str]:
     return missing
 
 
+@pytest.mark.pure
 def test_a_name_that_does_not_import_is_found():
     assert unresolved_names("`shmload.DataLoader` and `shmload.shuffle.parts_order(n)`, `shmload.nope`") == [
         "shmload.nope", "shmload.shuffle.parts_order"]
 
 
+@pytest.mark.pure
 def test_every_shmload_name_the_docs_give_imports():
     """A name a user copies from the docs (``shmload.records.RecordDataset``) must import
     as written: the layers moved modules, and a doc naming an old path misleads."""
     found = {path: unresolved_names(read(path)) for path in doc_paths()}
     assert not any(found.values()), {os.path.relpath(p, ROOT): names for p, names in found.items() if names}
+
+
+_CITED = re.compile(r"tests/(test_\w+\.py)(?:::(test_\w+))?")
+
+
+@pytest.mark.pure
+def test_every_test_file_and_test_the_docs_cite_exists():
+    """``tests/test_x.py`` and ``tests/test_x.py::test_y`` in the docs, the README and the
+    benchmarks: the file exists and defines that test (tests move between files by
+    behaviour; a citation must follow)."""
+    wrong = []
+    paths = doc_paths() + [os.path.join("benchmarks", f) for f in os.listdir(os.path.join(ROOT, "benchmarks"))
+                           if f.endswith(".py")]
+    for path in paths:
+        for file, name in _CITED.findall(read(path)):
+            full = os.path.join(ROOT, "tests", file)
+            if not os.path.exists(full):
+                wrong.append(f"{path}: tests/{file} does not exist")
+            elif name and not re.search(rf"^(?:async )?def {name}\b", read(os.path.join("tests", file)), re.M):
+                wrong.append(f"{path}: tests/{file} defines no {name}")
+    assert not wrong, "\n".join(wrong)

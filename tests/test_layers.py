@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shmload")
 
 # Lowest first: a private layer imports only layers before it (docs/architecture.md,

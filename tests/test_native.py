@@ -26,6 +26,7 @@ from shmload._batching.collate import StackPlans, build_local
 from shmload._core import native as native_mod
 
 pytestmark = [pytest.mark.timeout(120)]
+pure = pytest.mark.pure  # (all but the one that starts an interpreter)
 needs_core = pytest.mark.skipif(native_mod.native is None, reason=f"no compiled core: {native_mod.DESCRIPTION}")
 core = native_mod.native
 
@@ -105,6 +106,7 @@ CASES = {
 }
 
 
+@pure
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_same_batches_and_errors_both_ways(monkeypatch, case):
     outcomes = _same_both_ways(monkeypatch, CASES[case]())
@@ -116,6 +118,7 @@ def test_the_same_batches_and_errors_both_ways(monkeypatch, case):
         assert all(o[0] == "ok" for o in outcomes), [o for o in outcomes if o[0] != "ok"]
 
 
+@pure
 @needs_core
 def test_the_compiled_core_takes_the_common_structures():
     """Declining everything would pass the tests above: the common cases must be taken."""
@@ -204,6 +207,7 @@ def _bad_sample(spec, seed, bad):
     return _value(spec, seed, bad)
 
 
+@pure
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=structures(), n=st.integers(1, 6), bad_at=st.integers(-1, 5), bad=st.integers(0, 4))
 def test_drawn_structures_give_the_same_batches_and_errors_both_ways(monkeypatch, spec, n, bad_at, bad):
@@ -213,6 +217,7 @@ def test_drawn_structures_give_the_same_batches_and_errors_both_ways(monkeypatch
 
 
 # ---------------------------------------------------------------- the compiled functions' own promises
+@pure
 @needs_core
 def test_copy_rows_declines_what_does_not_fill_the_destination_exactly():
     rows = _rows(4)
@@ -236,6 +241,7 @@ def test_copy_rows_declines_what_does_not_fill_the_destination_exactly():
     assert core.copy_rows(read_only, rows) is False
 
 
+@pure
 @needs_core
 def test_fill_numbers_declines_other_types_and_ints_out_of_range():
     out = np.zeros(3, np.int64)
@@ -250,6 +256,7 @@ def test_fill_numbers_declines_other_types_and_ints_out_of_range():
     assert np.signbit(floats[0]) and np.isnan(floats[1])
 
 
+@pure
 @needs_core
 def test_the_compiled_functions_hold_no_references():
     from shmload._batching.layout import Leaf, Map, Seq
@@ -278,6 +285,7 @@ def test_the_compiled_functions_hold_no_references():
 
 
 # ---------------------------------------------------------------- which path, and forcing pure Python
+@pure
 def test_the_api_says_which_path_is_in_use():
     assert shmload.compiled_core() is (native_mod.native is not None)
     loader = shmload.DataLoader(np.arange(8.0), batch_size=4)

@@ -12,7 +12,7 @@ import shmload
 from shmload._loader.loader import _FROZEN_AFTER_INIT
 from shmload._session.config import SETTINGS, LoaderConfig, read_settings
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.pure]
 
 # keywords that are neither a setting nor frozen: read once, or at every iter() by their own code
 _OTHER_KEYWORDS = {"dataset", "shuffle", "generator", "pin_memory_device", "distributed"}

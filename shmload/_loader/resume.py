@@ -143,7 +143,7 @@ def check_unchanged(source: Any, resume: dict, state: Any) -> None:
     sampler must not have been moved (by a ``set_epoch`` of another epoch, say) since its
     state was loaded."""
     if resume["sampler"] is None:
-        return  # saved without the sampler's state: nothing to compare (NOTE [ Saving without ...])
+        return  # saved without the sampler's state: nothing to compare (NOTE [ Saving without the sampler's state ])
     try:
         same = bool(state == resume["sampler"])
     except Exception:  # states that do not compare (arrays): nothing to check with

@@ -104,7 +104,7 @@ class SplitBatches:
 
     def _finished(self, key: tuple[int, int], stale: bool) -> Loaded | LoadFailed | None:
         """Every span of a split batch has reported: the batch, its error, or (None) it is
-        sent again whole. Only now does its slot go back (NOTE in splitting.py)."""
+        sent again whole. Only now does its slot go back (splitting.py's docstring says why)."""
         s, split = self._s, self._batches.pop(key)
         redo = split.redo
         layout = split.layout() if not (stale or split.error or redo) else None
