@@ -12,9 +12,14 @@ dataset and reports, per batch, medians of ``--repeat`` runs:
   the loader's profiler records (``loader.stats()``: fetch, collate = plan + write,
   other = seeding and reporting, wait = waiting for a task), and their context switches.
 
+The header line names the path the per-sample work took: the compiled core or pure
+Python (``shmload._core.native.DESCRIPTION``; ``SHMLOAD_PURE_PYTHON=1`` forces pure
+Python). ``--json FILE`` writes the medians and each run's figures there too.
+
 It imports whichever ``shmload`` comes first on ``sys.path``, so the same script measures
-an older checkout: ``PYTHONPATH=/path/to/old/checkout python benchmarks/per_batch.py``.
-Speed is never asserted; run it on a quiet machine.
+an older checkout: ``PYTHONPATH=/path/to/old/checkout python benchmarks/per_batch.py``
+(one from before the compiled core reports pure Python). Speed is never asserted; run it
+on a quiet machine.
 """
 
 from __future__ import annotations
@@ -33,17 +38,17 @@ import psutil
 import shmload
 
 
-def _workloads():
-    """This directory's workloads.py, whichever checkout's shmload is imported (an older
+def _sibling(name: str):
+    """This directory's ``<name>.py``, whichever checkout's shmload is imported (an older
     one on PYTHONPATH has its own benchmarks/, without this workload table)."""
-    spec = importlib.util.spec_from_file_location("_per_batch_workloads", Path(__file__).with_name("workloads.py"))
+    spec = importlib.util.spec_from_file_location(f"_per_batch_{name}", Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 
 
-_w = _workloads()
+_w = _sibling("workloads")
 WORKLOADS, getitem_ms = _w.WORKLOADS, _w.getitem_ms
 
 
@@ -155,6 +160,32 @@ LABELS = {
 }
 
 
+# ---------------------------------------------------------------- which path, which shmload
+def core() -> tuple[str, bool]:
+    """The path this process's shmload takes for the per-sample work, as
+    ``shmload._core.native.DESCRIPTION`` words it, and whether that is the compiled core."""
+    try:
+        from shmload._core import native
+    except ImportError:  # a checkout from before the compiled core
+        return "pure Python (this shmload has no compiled core)", False
+    return native.DESCRIPTION, native.compiled_core()
+
+
+def location() -> str:
+    return os.path.dirname(shmload.__file__)
+
+
+def whence() -> str:
+    """The header's start: which shmload, from where, on which path."""
+    return f"shmload {shmload.__version__} from {location()}; core: {core()[0]}"
+
+
+def write_json(out: Path, **figures) -> None:
+    """``--json``: the figures, and which shmload measured them on which path."""
+    description, compiled = core()
+    out.write_text(json.dumps({"shmload": location(), "core": description, "compiled": compiled} | figures, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS))
@@ -167,15 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs = [one_run(args.workload, args.batches, args.workers, args.main_stages) for _ in range(args.repeat)]
     medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    where = os.path.dirname(shmload.__file__)
-    print(f"shmload {shmload.__version__} from {where}; {args.workload}, {args.workers} workers, "
-          f"{args.batches} batches, median of {args.repeat} runs")
+    print(f"{whence()}; {args.workload}, {args.workers} workers, {args.batches} batches, median of {args.repeat} runs")
     labels = LABELS | ({f"main_{k}_us": f"main stage: {v}, us" for k, v in MAIN_STAGES.items()}
                        if args.main_stages else {})
     for key, label in labels.items():
         print(f"  {label:<64} {medians[key]:10.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"shmload": where, "medians": medians, "runs": runs}, indent=1))
+        write_json(args.json, labels=labels, medians=medians, runs=runs)
     return 0
 
 
