@@ -1,7 +1,7 @@
 """How low a worker's own cost per small batch can go in Python: each step of a `tiny`
 batch (256 samples of 32 float32 + an int label) timed alone, in one process.
 
-    python -m benchmarks.worker_floor [--number 3000] [--repeat 5]
+    python -m benchmarks.worker_floor [--number 3000] [--repeat 5] [--json FILE]
 
 No processes and no shared memory: the figures are what the steps cost with warm
 caches, a floor under what a worker pays (``benchmarks.per_batch`` measures the real
@@ -14,15 +14,21 @@ thing, where the cores also trade cache lines). Three groups:
   transposing the tuples (one ``zip``), joining the rows' bytes, converting the labels;
 * the rest of a worker's batch: seeding the global RNGs, decoding the task's record.
 
-Best of ``--repeat`` runs of ``--number`` batches each, in µs per batch. Speed is never
-asserted; run it on a quiet machine.
+Best of ``--repeat`` runs of ``--number`` batches each (after one untimed batch), in µs
+per batch. The header line names the path the per-sample work took: the compiled core or
+pure Python (``shmload._core.native.DESCRIPTION``; ``SHMLOAD_PURE_PYTHON=1`` forces pure
+Python). ``--json FILE`` writes the figures there too.
+
+Speed is never asserted; run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import timeit
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +37,7 @@ from shmload._ordering import seeding
 from shmload._transport import wire
 from shmload._transport.messages import Indices, SlotRef, Task
 
+from .per_batch import whence, write_json
 from .workloads import TinyRows
 
 BATCH, BATCHES = 256, 600
@@ -105,26 +112,41 @@ class _Untimed:
 
 def _best(fn, number: int, repeat: int) -> float:
     if isinstance(fn, _Untimed):
+        fn.time(1)  # (a single run in a fresh process starts warm too)
         return min(fn.time(number) for _ in range(repeat)) / number
+    fn()
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
 
-def main() -> None:
+DERIVED = {  # the figures the steps' times give, printed below them
+    "own": "plan + write + freeing the plan (batch - getitem+free)",
+    "bare": "the bare minimum, checking nothing (zip + join + labels)",
+    "free": "freeing the samples (getitem+free - getitem)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--number", type=int, default=3000)
-    p.add_argument("--repeat", type=int, default=5)
-    args = p.parse_args()
-    timed = {}
+    p.add_argument("--repeat", type=int, default=5, help="runs, the best kept")
+    p.add_argument("--json", type=Path, default=None, help="write the figures (us per batch) here too")
+    args = p.parse_args(argv)
+    print(f"{whence()}; a tiny batch ({BATCH} samples), best of {args.repeat} runs of {args.number} batches, "
+          f"us per batch")
+    timed, labels = {}, {}
     for name, (what, fn) in steps().items():
         timed[name] = 1e6 * _best(fn, args.number, args.repeat)
+        labels[name] = what
         print(f"  {what:<66} {timed[name]:7.1f} us")
-    own = timed["batch"] - timed["getitem+free"]
-    bare = timed["zip"] + timed["join"] + timed["labels"]
-    print(f"  plan + write + freeing the plan (batch - getitem+free)                {own:7.1f} us")
-    print(f"  the bare minimum, checking nothing (zip + join + labels)             {bare:7.1f} us")
-    print(f"  freeing the samples (getitem+free - getitem)                         "
-          f"{timed['getitem+free'] - timed['getitem']:7.1f} us")
+    timed["own"] = timed["batch"] - timed["getitem+free"]
+    timed["bare"] = timed["zip"] + timed["join"] + timed["labels"]
+    timed["free"] = timed["getitem+free"] - timed["getitem"]
+    for name, width in (("own", 70), ("bare", 69), ("free", 69)):  # (the widths these lines have had)
+        print(f"  {DERIVED[name]:<{width}}{timed[name]:7.1f} us")
+    if args.json:
+        write_json(args.json, labels=labels | DERIVED, us=timed)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
