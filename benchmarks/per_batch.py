@@ -21,8 +21,9 @@ per path and round (``--repeat`` rounds; each child runs the loader once, writin
 ``--json``), once with the compiled core and once with ``SHMLOAD_PURE_PYTHON=1``,
 alternating which goes first so that drift on the machine hits both alike. It prints
 each figure's median for each path and their ratio (compiled / pure Python), and a line
-naming the machine and its load average at start and end, to tell whether it was quiet.
-Where the compiled core is not built, it says so and exits with status 2::
+naming the machine and its load average at start and end, to tell whether it was quiet
+(``--json FILE``: the medians, every child's figures and the machine). Where the
+compiled core is not built, it says so and exits with status 2::
 
     python -m benchmarks.per_batch --both [--workload tiny] [--batches 3000] [--repeat 3]
 
