@@ -269,7 +269,8 @@ def both_paths(child_args: list[str], rounds: int, key: str, what: str, out: Pat
     for k, label in labels.items():
         compiled, pure = medians["compiled"][k], medians["pure"][k]
         places = 1 if max(abs(compiled), abs(pure)) >= 1 else 3  # (context switches per batch: fractions)
-        ratio = f"{compiled / pure:13.2f}" if pure else f"{'-':>13}"
+        # (a difference of two timings can come out at or below 0 in noise: no ratio then)
+        ratio = f"{compiled / pure:13.2f}" if compiled > 0 and pure > 0 else f"{'-':>13}"
         print(f"  {label:<{width}} {compiled:10.{places}f} {pure:11.{places}f} {ratio}")
     machine = {"cpu_count": os.cpu_count(), "cpu": cpu_model(), "load_average_start": load_start,
                "load_average_end": load_end}
