@@ -1,7 +1,8 @@
 """How low a worker's own cost per small batch can go in Python: each step of a `tiny`
 batch (256 samples of 32 float32 + an int label) timed alone, in one process.
 
-    python -m benchmarks.worker_floor [--number 3000] [--repeat 5]
+    python -m benchmarks.worker_floor [--number 3000] [--repeat 5] [--json FILE]
+    python -m benchmarks.worker_floor --both [--number 3000] [--repeat 5]
 
 No processes and no shared memory: the figures are what the steps cost with warm
 caches, a floor under what a worker pays (``benchmarks.per_batch`` measures the real
@@ -14,15 +15,29 @@ thing, where the cores also trade cache lines). Three groups:
   transposing the tuples (one ``zip``), joining the rows' bytes, converting the labels;
 * the rest of a worker's batch: seeding the global RNGs, decoding the task's record.
 
-Best of ``--repeat`` runs of ``--number`` batches each, in µs per batch. Speed is never
-asserted; run it on a quiet machine.
+Best of ``--repeat`` runs of ``--number`` batches each (after one untimed batch), in µs
+per batch. The header line names the path the per-sample work took: the compiled core or
+pure Python (``shmload._core.native.DESCRIPTION``; ``SHMLOAD_PURE_PYTHON=1`` forces pure
+Python). ``--json FILE`` writes the figures there too.
+
+``--both`` compares the two paths (issue 35) as ``benchmarks.per_batch --both`` does:
+``--repeat`` rounds, each running this command once in a child process per path (one run
+of ``--number`` batches: ``--repeat 1 --json FILE``), with the compiled core and with
+``SHMLOAD_PURE_PYTHON=1``, alternating which goes first; it prints each figure's median
+for each path, their ratio (compiled / pure Python) and a line naming the machine and its
+load average at start and end (``--json FILE``: all of it). Where the compiled core is
+not built, it says so and exits with status 2.
+
+Speed is never asserted; run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import timeit
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +46,7 @@ from shmload._ordering import seeding
 from shmload._transport import wire
 from shmload._transport.messages import Indices, SlotRef, Task
 
+from .per_batch import both_paths, whence, write_json
 from .workloads import TinyRows
 
 BATCH, BATCHES = 256, 600
@@ -105,26 +121,47 @@ class _Untimed:
 
 def _best(fn, number: int, repeat: int) -> float:
     if isinstance(fn, _Untimed):
+        fn.time(1)  # (a run in a fresh process, as --both's, starts warm too)
         return min(fn.time(number) for _ in range(repeat)) / number
+    fn()
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
 
-def main() -> None:
+DERIVED = {  # the figures the steps' times give, printed below them
+    "own": "plan + write + freeing the plan (batch - getitem+free)",
+    "bare": "the bare minimum, checking nothing (zip + join + labels)",
+    "free": "freeing the samples (getitem+free - getitem)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--number", type=int, default=3000)
-    p.add_argument("--repeat", type=int, default=5)
-    args = p.parse_args()
-    timed = {}
+    p.add_argument("--repeat", type=int, default=5, help="runs, the best kept (with --both: rounds)")
+    p.add_argument("--json", type=Path, default=None, help="write the figures (us per batch) here too")
+    p.add_argument("--both", action="store_true",
+                   help="compare the compiled core with pure Python (SHMLOAD_PURE_PYTHON=1), in child processes")
+    args = p.parse_args(argv)
+    if args.both:
+        return both_paths(["--number", str(args.number), "--repeat", "1"], args.repeat, "us",
+                          f"a tiny batch ({BATCH} samples), a run of {args.number} batches per process, us per batch",
+                          args.json)
+    print(f"{whence()}; a tiny batch ({BATCH} samples), best of {args.repeat} runs of {args.number} batches, "
+          f"us per batch")
+    timed, labels = {}, {}
     for name, (what, fn) in steps().items():
         timed[name] = 1e6 * _best(fn, args.number, args.repeat)
+        labels[name] = what
         print(f"  {what:<66} {timed[name]:7.1f} us")
-    own = timed["batch"] - timed["getitem+free"]
-    bare = timed["zip"] + timed["join"] + timed["labels"]
-    print(f"  plan + write + freeing the plan (batch - getitem+free)                {own:7.1f} us")
-    print(f"  the bare minimum, checking nothing (zip + join + labels)             {bare:7.1f} us")
-    print(f"  freeing the samples (getitem+free - getitem)                         "
-          f"{timed['getitem+free'] - timed['getitem']:7.1f} us")
+    timed["own"] = timed["batch"] - timed["getitem+free"]
+    timed["bare"] = timed["zip"] + timed["join"] + timed["labels"]
+    timed["free"] = timed["getitem+free"] - timed["getitem"]
+    for name, width in (("own", 70), ("bare", 69), ("free", 69)):  # (the widths these lines have had)
+        print(f"  {DERIVED[name]:<{width}}{timed[name]:7.1f} us")
+    if args.json:
+        write_json(args.json, labels=labels | DERIVED, us=timed)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
