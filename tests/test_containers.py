@@ -311,7 +311,8 @@ def test_the_profile_and_repr_say_which_backend_is_in_use(monkeypatch, backend):
         assert [b[:, 0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
         stats = loader.stats(memory=False)
         assert stats.shm_backend == (backend or "memfd") and loader.shm_backend is None
-        assert re.search(rf"^shmload profile: .*usable cores, {backend or 'memfd'} segments$", str(stats), re.M)
+        assert re.search(rf"^shmload profile: .*usable cores, {backend or 'memfd'} segments, {stats.core} core$",
+                         str(stats), re.M)
         assert f"({backend or 'memfd'} segments, bound " in repr(loader)
         loader.shm_backend = "memfd" if backend else "posix"  # for the next iter(): the live ring's is reported
         assert loader.stats(memory=False).shm_backend == (backend or "memfd")
