@@ -33,6 +33,30 @@ core = native_mod.native
 Point = namedtuple("Point", "x y")
 
 
+class _Tens(namedtuple("_Tens", "x y")):
+    """Python reads a sample's fields by iterating it, as torch's zip(*batch) does."""
+
+    def __iter__(self):
+        return iter((self.x * 10, self.y))
+
+
+class _OneSided:
+    """A key equal to another only when asked from the later sample's side: Python
+    compares the first sample's keys with each sample's, a dict lookup the other way."""
+
+    def __init__(self, name, late):
+        self.name, self.late = name, late
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __eq__(self, other):
+        return self is other or (self.late and isinstance(other, _OneSided) and other.name == self.name)
+
+    def __repr__(self):
+        return f"Key({self.name!r})"
+
+
 # ---------------------------------------------------------------- running both ways
 def _outcome(fn):
     try:
@@ -103,6 +127,9 @@ CASES = {
     "an array subclass": lambda: [[(r,) for r in _rows(3)], [(np.ma.masked_array(r),) for r in _rows(3)]],
     "a big batch of big rows": lambda: [[(r,) for r in _rows(64, np.uint8, (256, 256))]] * 2,
     "object arrays": lambda: [[(np.array([None, 1], dtype=object),) for _ in range(3)]] * 2,
+    "a namedtuple that overrides __iter__": lambda: [[_Tens(i, float(i)) for i in range(3)]] * 2,
+    "dict keys that compare equal from one side only": lambda: [[{_OneSided("a", False): 1.0},
+                                                                {_OneSided("a", True): 2.0}]] * 2,
 }
 
 
@@ -111,8 +138,8 @@ CASES = {
 def test_the_same_batches_and_errors_both_ways(monkeypatch, case):
     outcomes = _same_both_ways(monkeypatch, CASES[case]())
     assert outcomes  # (and the case means something: the list below checks which raise)
-    if case in ("a shape that differs inside a batch", "an int out of int64",
-                "a tuple of another length", "a missing key", "object arrays"):
+    if case in ("a shape that differs inside a batch", "an int out of int64", "a tuple of another length",
+                "a missing key", "object arrays", "dict keys that compare equal from one side only"):
         assert any(o[0] == "error" for o in outcomes), outcomes
     else:
         assert all(o[0] == "ok" for o in outcomes), [o for o in outcomes if o[0] != "ok"]
@@ -208,7 +235,9 @@ def _bad_sample(spec, seed, bad):
 
 
 @pure
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# (.ci/valgrind-native draws fewer: under valgrind each costs some fifty times as much)
+@settings(max_examples=int(os.environ.get("SHMLOAD_DRAWN_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=structures(), n=st.integers(1, 6), bad_at=st.integers(-1, 5), bad=st.integers(0, 4))
 def test_drawn_structures_give_the_same_batches_and_errors_both_ways(monkeypatch, spec, n, bad_at, bad):
     good = [_value(spec, seed, 0) for seed in range(n)]
@@ -282,6 +311,75 @@ def test_the_compiled_functions_hold_no_references():
     gc.collect()
     assert [sys.getrefcount(o) for o in [*rows, *samples, node, kinds, out, labels, "label"]] == counts
     assert len(gc.get_objects()) - objects < 50  # no tracked object left behind per call
+
+
+@pure
+def test_samples_changed_while_they_are_checked_give_what_python_gives(monkeypatch):
+    """Python code can run in the middle of the check (an object leaf's class, a key's
+    __eq__, another thread) and change the samples: the compiled core reads snapshots,
+    as Python's zip() does, so it neither crashes nor sees anything Python does not."""
+
+    def mutating_leaf_batches():
+        samples = [["a", 5], ["b", 6]]
+
+        class Lazy:
+            @property
+            def __class__(self):  # read by the object-leaf check: empties the samples then
+                for s in samples:
+                    s.clear()
+                return Lazy
+        for s in samples:
+            s[0] = Lazy()
+        return [samples]
+
+    outcomes = [_outcome(lambda: _flatten(shmload.default_collate(mutating_leaf_batches()[0])))]
+    with monkeypatch.context() as m:
+        m.setattr(collate, "native", None)
+        python = [_outcome(lambda: _flatten(shmload.default_collate(mutating_leaf_batches()[0])))]
+    assert [o[0] for o in outcomes] == [o[0] for o in python] == ["ok"]
+
+    def emptied_by_a_key(native_on):
+        batch, armed = [], [False]
+
+        class Key:
+            def __init__(self, name):
+                self.name = name
+
+            def __hash__(self):
+                return hash(self.name)
+
+            def __eq__(self, other):
+                if self is not other and armed[0]:
+                    batch.clear()  # the caller's own list of samples
+                return isinstance(other, Key) and other.name == self.name
+        plans = StackPlans()
+        batch[:] = [{Key("a"): 1.0} for _ in range(4)]
+        plans.plan(batch, [0, 1, 2, 3])
+        batch[:] = [{Key("a"): float(i)} for i in range(4)]
+        armed[0] = True
+        return _outcome(lambda: _flatten(build_local(plans.plan(batch, [0, 1, 2, 3]))))
+
+    compiled = emptied_by_a_key(True)
+    with monkeypatch.context() as m:
+        m.setattr(collate, "native", None)
+        assert emptied_by_a_key(False) == compiled
+
+
+@needs_core
+@pure
+def test_copy_rows_declines_structured_dtypes_whose_padding_concatenate_leaves_alone():
+    dtype = np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4], "itemsize": 8})
+    rows = [np.zeros(2, dtype) for _ in range(3)]
+    out = np.full((3, 2), 0, dtype)
+    assert core.copy_rows(out, rows) is False
+    assert core.copy_rows(np.empty((3, 4), np.float32), [np.ones(4, np.float32)] * 3) is True  # (plain: taken)
+
+
+@needs_core
+@pure
+def test_copy_rows_declines_a_row_inside_its_own_destination():
+    out = np.zeros((3, 4), np.float32)
+    assert core.copy_rows(out, [out[0], np.ones(4, np.float32), np.ones(4, np.float32)]) is False
 
 
 # ---------------------------------------------------------------- which path, and forcing pure Python

@@ -12,6 +12,13 @@
  * Memory safety: every copy into a slot is checked against the destination array's
  * own size before anything is written (copy_rows, fill_numbers); references are owned
  * by the lists they are put into, or released on every path out.
+ *
+ * Python code can run in the middle of a call (the object-leaf check, a dict key's
+ * __eq__ on a hash collision, a finalizer, another thread), and may change the samples.
+ * So every list read is a snapshot the function owns (as Python's zip() takes its
+ * columns before looking at any child): the top-level samples are copied on entry, a
+ * container's columns are all taken before any child is looked at, and copy_rows
+ * copies its rows' list before it compares anything.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -117,6 +124,8 @@ column_by_key(PyObject *values, PyObject *key)
     if (column == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
+        /* (``values`` is a snapshot this call owns: its items stay alive whatever a
+         * key's __eq__ does during the lookup) */
         PyObject *item = PyDict_GetItemWithError(PyList_GET_ITEM(values, i), key);
         if (item == NULL) { /* (a missing key: not the node's keys) */
             Py_DECREF(column);
@@ -134,16 +143,24 @@ static int transpose_node(PyObject *node, PyObject *values, PyObject *kinds, PyO
 static int
 transpose_children(PyObject *children, PyObject *keys, PyObject *values, PyObject *kinds, PyObject *columns)
 {
-    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(children); c++) {
+    /* every column first, then the children: no child's check (which may run Python
+     * code) can change what a later column holds */
+    Py_ssize_t width = PyTuple_GET_SIZE(children);
+    PyObject *taken = PyTuple_New(width);
+    if (taken == NULL)
+        return -1;
+    int ok = 1;
+    for (Py_ssize_t c = 0; c < width && ok > 0; c++) {
         PyObject *column = keys == NULL ? column_of(values, c) : column_by_key(values, PyTuple_GET_ITEM(keys, c));
         if (column == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-        int ok = transpose_node(PyTuple_GET_ITEM(children, c), column, kinds, columns);
-        Py_DECREF(column);
-        if (ok <= 0)
-            return ok;
+            ok = PyErr_Occurred() ? -1 : 0;
+        else
+            PyTuple_SET_ITEM(taken, c, column);
     }
-    return 1;
+    for (Py_ssize_t c = 0; c < width && ok > 0; c++)
+        ok = transpose_node(PyTuple_GET_ITEM(children, c), PyTuple_GET_ITEM(taken, c), kinds, columns);
+    Py_DECREF(taken);
+    return ok;
 }
 
 static int
@@ -200,9 +217,14 @@ transpose_seq(PyObject *node, PyObject *values, PyObject *kinds, PyObject *colum
         if ((PyObject *)Py_TYPE(v) != cls)
             return 0;
         Py_ssize_t size;
-        if (PyTuple_Check(v))
+        if (PyTuple_Check(v)) {
+            /* Python reads a sample's fields by iterating it (zip): a tuple subclass
+             * (a namedtuple) that overrides __iter__ is left to it */
+            if (Py_TYPE(v)->tp_iter != PyTuple_Type.tp_iter)
+                return 0;
             size = PyTuple_GET_SIZE(v);
-        else if (PyList_Check(v))
+        }
+        else if (PyList_CheckExact(v))
             size = PyList_GET_SIZE(v);
         else
             return 0; /* (no sequence of another layout reaches here; declined if one did) */
@@ -221,6 +243,9 @@ transpose_map(PyObject *node, PyObject *values, PyObject *kinds, PyObject *colum
         || PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(children))
         return 0; /* a mapping class other than dict: left to Python */
     Py_ssize_t width = PyTuple_GET_SIZE(keys);
+    for (Py_ssize_t c = 0; c < width; c++)
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, c)))
+            return 0; /* Python compares keys from the node's side, a lookup from the sample's: str only */
     Py_ssize_t n = PyList_GET_SIZE(values);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = PyList_GET_ITEM(values, i);
@@ -256,58 +281,85 @@ transpose(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "shmload._core._native.setup() was not called");
         return NULL;
     }
-    int ok = transpose_node(node, values, kinds, columns);
+    PyObject *snapshot = PyList_GetSlice(values, 0, PyList_GET_SIZE(values)); /* (see the top of the file) */
+    if (snapshot == NULL)
+        return NULL;
+    int ok = transpose_node(node, snapshot, kinds, columns);
+    Py_DECREF(snapshot);
     if (ok < 0)
         return NULL;
     return PyBool_FromLong(ok);
 }
 
+/* Do ``rows`` fill ``out``, seen as [len(rows), ...], exactly? Every row an exact,
+ * C-contiguous ndarray of out's dtype and row shape, not overlapping out; out
+ * C-contiguous and writeable, of a dtype without fields (np.concatenate copies a
+ * structured dtype field by field, leaving its padding bytes as they were: a byte copy
+ * would not). 1 yes, 0 no, -1 error; ``row_bytes`` set on yes. */
+static int
+rows_fill(PyArrayObject *out, PyObject *rows, npy_intp *row_bytes)
+{
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    int nd = PyArray_NDIM(out);
+    if (n == 0 || nd < 1 || PyArray_DIMS(out)[0] != n || !PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISWRITEABLE(out))
+        return 0;
+    PyArray_Descr *dtype = PyArray_DESCR(out);
+    if (PyDataType_REFCHK(dtype) || PyDataType_HASFIELDS(dtype))
+        return 0; /* (object dtypes never reach a slot; declined all the same) */
+    npy_intp total = PyArray_NBYTES(out);
+    *row_bytes = total / n;
+    char *lo = PyArray_BYTES(out), *hi = lo + total;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(rows, i);
+        if (Py_TYPE(v) != &PyArray_Type)
+            return 0;
+        PyArrayObject *a = (PyArrayObject *)v;
+        if (PyArray_NDIM(a) != nd - 1 || !PyArray_IS_C_CONTIGUOUS(a) || PyArray_NBYTES(a) != *row_bytes)
+            return 0;
+        for (int d = 1; d < nd; d++)
+            if (PyArray_DIMS(a)[d - 1] != PyArray_DIMS(out)[d])
+                return 0;
+        char *start = PyArray_BYTES(a);
+        if (start < hi && start + *row_bytes > lo)
+            return 0; /* a row inside the destination itself */
+        int eq = same_dtype((PyObject *)PyArray_DESCR(a), (PyObject *)dtype);
+        if (eq <= 0)
+            return eq;
+    }
+    return 1;
+}
+
 /* Rows (ndarrays) into ``out`` seen as [len(rows), ...]: the bytes np.concatenate or
- * np.stack would write. Declines unless every row is an exact, C-contiguous ndarray of
- * out's dtype and row shape, out is C-contiguous and writeable, and the rows fill it. */
+ * np.stack would write, or False where rows_fill() declines. */
 static PyObject *
 copy_rows(PyObject *self, PyObject *args)
 {
     PyArrayObject *out;
-    PyObject *rows;
-    if (!PyArg_ParseTuple(args, "O!O!:copy_rows", &PyArray_Type, &out, &PyList_Type, &rows))
+    PyObject *given;
+    if (!PyArg_ParseTuple(args, "O!O!:copy_rows", &PyArray_Type, &out, &PyList_Type, &given))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(rows);
-    int nd = PyArray_NDIM(out);
-    if (n == 0 || nd < 1 || PyArray_DIMS(out)[0] != n || !PyArray_IS_C_CONTIGUOUS(out)
-        || !PyArray_ISWRITEABLE(out))
-        Py_RETURN_FALSE;
-    PyArray_Descr *dtype = PyArray_DESCR(out);
-    if (PyDataType_REFCHK(dtype))
-        Py_RETURN_FALSE; /* (object dtypes never reach a slot; declined all the same) */
-    npy_intp total = PyArray_NBYTES(out);
-    npy_intp row_bytes = total / n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyList_GET_ITEM(rows, i);
-        if (Py_TYPE(v) != &PyArray_Type)
-            Py_RETURN_FALSE;
-        PyArrayObject *a = (PyArrayObject *)v;
-        if (PyArray_NDIM(a) != nd - 1 || !PyArray_IS_C_CONTIGUOUS(a) || PyArray_NBYTES(a) != row_bytes)
-            Py_RETURN_FALSE;
-        for (int d = 1; d < nd; d++)
-            if (PyArray_DIMS(a)[d - 1] != PyArray_DIMS(out)[d])
-                Py_RETURN_FALSE;
-        int eq = same_dtype((PyObject *)PyArray_DESCR(a), (PyObject *)dtype);
-        if (eq < 0)
-            return NULL;
-        if (!eq)
-            Py_RETURN_FALSE;
-    }
-    char *dst = PyArray_BYTES(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        npy_intp at = (npy_intp)i * row_bytes;
-        if (at < 0 || row_bytes < 0 || at > total - row_bytes) { /* bounds: never past out's end */
-            PyErr_SetString(PyExc_SystemError, "shmload._native.copy_rows: a row past the destination's end");
-            return NULL;
+    PyObject *rows = PyList_GetSlice(given, 0, PyList_GET_SIZE(given)); /* (see the top of the file) */
+    if (rows == NULL)
+        return NULL;
+    npy_intp row_bytes = 0;
+    int ok = rows_fill(out, rows, &row_bytes);
+    if (ok > 0) {
+        char *dst = PyArray_BYTES(out);
+        npy_intp total = PyArray_NBYTES(out);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+            npy_intp at = (npy_intp)i * row_bytes;
+            if (at < 0 || row_bytes < 0 || at > total - row_bytes) { /* bounds: never past out's end */
+                PyErr_SetString(PyExc_SystemError, "shmload._native.copy_rows: a row past the destination's end");
+                ok = -1;
+                break;
+            }
+            memcpy(dst + at, PyArray_BYTES((PyArrayObject *)PyList_GET_ITEM(rows, i)), (size_t)row_bytes);
         }
-        memcpy(dst + at, PyArray_BYTES((PyArrayObject *)PyList_GET_ITEM(rows, i)), (size_t)row_bytes);
     }
-    Py_RETURN_TRUE;
+    Py_DECREF(rows);
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
 }
 
 /* Python numbers of one exact type into a 1-D ``out`` of int64 (int), float64 (float) or
@@ -322,7 +374,7 @@ fill_numbers(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(values);
     if (n == 0 || PyArray_NDIM(out) != 1 || PyArray_DIMS(out)[0] != n || !PyArray_IS_C_CONTIGUOUS(out)
-        || !PyArray_ISWRITEABLE(out) || !PyArray_ISNOTSWAPPED(out))
+        || !PyArray_ISWRITEABLE(out) || !PyArray_ISNOTSWAPPED(out) || !PyArray_ISALIGNED(out))
         Py_RETURN_FALSE;
     int type_num = PyArray_TYPE(out);
     PyTypeObject *want = type_num == NPY_INT64 ? &PyLong_Type : type_num == NPY_FLOAT64 ? &PyFloat_Type
@@ -398,7 +450,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    import_array();
+    if (_import_array() < 0) /* (an ImportError, which native.py reports: not import_array(), which prints) */
+        return NULL;
     s_array = PyUnicode_InternFromString("array");
     s_scalar = PyUnicode_InternFromString("scalar");
     if (s_array == NULL || s_scalar == NULL)

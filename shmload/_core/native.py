@@ -21,8 +21,10 @@ def _load() -> tuple[ModuleType | None, str]:
         return None, f"pure Python ({PURE_PYTHON_ENV}={os.environ[PURE_PYTHON_ENV]})"
     try:
         from . import _native  # type: ignore[attr-defined]  # (built by setup.py; absent without a compiler)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
         return None, f"pure Python (the compiled core is not built: {exc})"
+    except (ImportError, RuntimeError) as exc:  # built against a numpy this one cannot load, say
+        return None, f"pure Python (the compiled core is built but cannot be loaded: {exc})"
     return _native, "compiled"
 
 
