@@ -117,15 +117,16 @@ class MultiprocessEpoch(Epoch):
         session = self._session
         if not session.worth_dispatching(session.outstanding - len(self._reorder)):
             return
+        schedule = self._sched
         while not self._exhausted and len(self._reorder) < session.outstanding:
-            planned = self._sched.peek()
+            planned = schedule.peek()
             if planned is None:
                 self._exhausted = True
                 return
             if not self._send(planned):
                 return
             self._reorder.expect(planned.seq)
-            self._sched.commit()
+            schedule.commit()
 
     def _send(self, planned: Planned) -> bool:
         """Dispatch one batch: whole, or in spans where workers would otherwise idle

@@ -55,15 +55,16 @@ class Pacing:
         """Whether ``completed`` batches call for a retune (:meth:`retune`)."""
         return completed >= self._retune_at
 
-    def retune(self, dispatcher: Dispatcher, slot_bytes: int, measured: WorkersBusy | None) -> None:
-        """The automatic depth again, with the workers' pace ``measured`` so far
-        (``dispatch.DEPTH_SECONDS``): torch's 2 until a batch has been measured, so that
+    def retune(self, dispatcher: Dispatcher, slot_bytes: int, board: Any) -> None:
+        """The automatic depth again, with the workers' pace so far (:func:`busy` over the
+        profiler's ``board``; ``dispatch.DEPTH_SECONDS``): torch's 2 until a batch has been measured, so that
         small batches slow to load never queue deep. At the ring's sizing, at every
         iteration, and after 4, 16, 64... times ``num_workers`` batches have come back."""
         while self._retune_at <= dispatcher.completed:
             self._retune_at *= 4
         if self._cfg.prefetch_factor is not None or not slot_bytes:
             return
+        measured = busy(board)  # (read only when the depth is the automatic one)
         if measured is None or not measured.batches:
             dispatcher.per_worker = DEFAULT_PREFETCH
         else:

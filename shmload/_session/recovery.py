@@ -48,11 +48,11 @@ class Recovery:
         # Each worker's stream position after its last finished draw of this iteration.
         self._stream_points: dict[int, StreamPoint] = {}
         # A restarted worker that held no draw: where its stream starts, for its next draw.
-        self._pending: dict[int, StreamPoint] = {}
+        self.pending: dict[int, StreamPoint] = {}
 
     def begin_iteration(self) -> None:
         self._stream_points.clear()
-        self._pending.clear()
+        self.pending.clear()
 
     def finished_draw(self, wid: int, point: StreamPoint) -> None:
         """Worker ``wid``'s stream stands at ``point`` after a finished draw."""
@@ -74,7 +74,7 @@ class Recovery:
         attach(h.id)
         restore = self.stream_point(h.id)
         if restore is not None:
-            self._pending[h.id] = restore  # for its first draw, held or yet to come
+            self.pending[h.id] = restore  # for its first draw, held or yet to come
         for entry in held:
             task = entry.task
             if task.iteration != iteration:  # an abandoned epoch's batch: drop it
@@ -93,8 +93,8 @@ class Recovery:
     def restored(self, wid: int, load: Any) -> Any:
         """``load``, or if it is the first draw sent to a restarted worker ``wid``, that draw
         with where the stream starts."""
-        if self._pending and type(load) is Draw and wid in self._pending:
-            return load._replace(restore=self._pending.pop(wid))
+        if type(load) is Draw and wid in self.pending:
+            return load._replace(restore=self.pending.pop(wid))
         return load
 
     def stream_point(self, wid: int) -> StreamPoint | None:

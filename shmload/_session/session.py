@@ -131,7 +131,7 @@ class Session:
 
     # ------------------------------------------------------------ depth (pacing.py)
     def _retune(self) -> None:
-        self.pacing.retune(self.dispatcher, self.ring.slot_bytes, busy(self.board))
+        self.pacing.retune(self.dispatcher, self.ring.slot_bytes, self.board)
 
     @property
     def outstanding(self) -> int:
@@ -208,7 +208,8 @@ class Session:
         ok, slot = self.allocator.for_task(self.iteration)
         if not ok:
             return False
-        load = self.recovery.restored(wid, load)
+        if self.recovery.pending:  # (a restarted worker's first draw: rare, so looked at in-line)
+            load = self.recovery.restored(wid, load)
         task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None, parts)
         self.dispatcher.assign(wid, (self.iteration, seq), InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
