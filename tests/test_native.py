@@ -365,6 +365,45 @@ def test_samples_changed_while_they_are_checked_give_what_python_gives(monkeypat
         assert emptied_by_a_key(False) == compiled
 
 
+@pure
+@needs_core
+@settings(max_examples=int(os.environ.get("SHMLOAD_DRAWN_EXAMPLES", "150")), deadline=None)
+@given(values=st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), max_size=300), offset=st.integers(0, 7))
+def test_a_tasks_indices_decode_alike_both_ways(values, offset):
+    """wire.py's raw int64 indices, at any alignment in the record: the compiled decoding
+    gives the Python one's list and bound, or declines (only for a bound of 2**64)."""
+    from shmload._transport import wire
+
+    raw = memoryview(bytes(offset) + np.array(values, np.int64).tobytes())[offset:]
+    expected = wire._int64_indices(raw)
+    got = core.int64_indices(raw)
+    if got is None:
+        assert -1 in values  # (read as uint64: 2**64 - 1)
+    else:
+        assert got == expected and all(type(i) is int for i in got[0]) and type(got[1]) in (int, type(None))
+
+
+@pure
+@needs_core
+def test_a_tasks_indices_decline_a_partial_int64_and_hold_no_references():
+    from shmload._transport import wire
+
+    assert core.int64_indices(b"1234567") is None
+    with pytest.raises(ValueError, match="multiple of element size"):
+        wire._int64_indices(memoryview(b"1234567"))  # (what decode_to_worker then raises either way)
+    with pytest.raises(TypeError):
+        core.int64_indices([1, 2])
+    raw = np.arange(1000, 1256, dtype=np.int64).tobytes()
+    assert core.int64_indices(raw) == (list(range(1000, 1256)), 1256)
+    gc.collect()
+    before, objects = sys.getrefcount(raw), len(gc.get_objects())
+    for _ in range(2000):
+        core.int64_indices(raw)
+        core.int64_indices(b"1234567")
+    gc.collect()
+    assert sys.getrefcount(raw) == before and len(gc.get_objects()) - objects < 50
+
+
 @needs_core
 @pure
 def test_copy_rows_declines_structured_dtypes_whose_padding_concatenate_leaves_alone():

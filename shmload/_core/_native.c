@@ -1,10 +1,11 @@
-/* shmload's compiled core: the default collate's per-sample checks and copies.
+/* shmload's compiled core: the default collate's per-sample checks and copies, and a
+ * task's indices as the worker reads them.
  *
  * Every function here is an accelerator that may decline. It either does exactly what
- * the Python code it stands in for does (collate.py: _transpose, _fill) and returns
- * True, or it returns False having changed nothing the Python code will not overwrite,
- * and the caller runs the Python code, which then gives the batch or the error it
- * always gives. So the compiled core can never change a batch or an error: it accepts
+ * the Python code it stands in for does (collate.py: _transpose, _fill; wire.py:
+ * _int64_indices) and returns True (or its result), or it returns False (None) having
+ * changed nothing the Python code will not overwrite, and the caller runs the Python
+ * code, which then gives the batch or the error it always gives. So the compiled core can never change a batch or an error: it accepts
  * a subset of what Python accepts (exact types only, plain dicts only, C-contiguous
  * rows only), and declines the rest. A Python exception raised while reading a sample
  * (a MemoryError, a key whose __eq__ raises) propagates, as it would from Python.
@@ -412,6 +413,64 @@ fill_numbers(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* A task's raw int64 indices (wire.py): the list of Python ints ``np.frombuffer(raw,
+ * np.int64).tolist()`` gives, and their bound (NOTE [ The bound of a task's indices ],
+ * wire.py): one more than the largest of them read as uint64, None for no indices. None
+ * instead of the pair (declining) for a length that is not a whole number of int64s, and
+ * for a largest uint64 of 2**64 - 1, whose bound needs a Python int addition: the Python
+ * code does both. Reads ``raw`` with memcpy, whatever its alignment, never past its end. */
+static PyObject *
+int64_indices(PyObject *self, PyObject *raw)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(raw, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = NULL, *list = NULL, *bound = NULL;
+    if (view.len % (Py_ssize_t)sizeof(npy_int64) != 0)
+        goto decline;
+    Py_ssize_t n = view.len / (Py_ssize_t)sizeof(npy_int64);
+    const char *at = (const char *)view.buf;
+    npy_uint64 top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        npy_uint64 u;
+        memcpy(&u, at + i * (Py_ssize_t)sizeof(u), sizeof(u));
+        if (u > top)
+            top = u;
+    }
+    if (n > 0 && top == NPY_MAX_UINT64)
+        goto decline;
+    list = PyList_New(n);
+    if (list == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        npy_int64 v;
+        memcpy(&v, at + i * (Py_ssize_t)sizeof(v), sizeof(v));
+        PyObject *item = PyLong_FromLongLong((long long)v);
+        if (item == NULL)
+            goto done;
+        PyList_SET_ITEM(list, i, item); /* (a partly filled list is freed whole: its NULLs are skipped) */
+    }
+    if (n > 0) {
+        bound = PyLong_FromUnsignedLongLong((unsigned long long)top + 1);
+        if (bound == NULL)
+            goto done;
+    }
+    else {
+        bound = Py_None;
+        Py_INCREF(bound);
+    }
+    out = PyTuple_Pack(2, list, bound);
+    goto done;
+decline:
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(bound);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyObject *
 setup(PyObject *self, PyObject *args)
 {
@@ -440,6 +499,8 @@ static PyMethodDef methods[] = {
     {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(out, rows) -> bool: the rows' bytes into out, or False."},
     {"fill_numbers", fill_numbers, METH_VARARGS,
      "fill_numbers(out, values) -> bool: Python numbers into out, or False."},
+    {"int64_indices", int64_indices, METH_O,
+     "int64_indices(raw) -> (list, bound) | None: a task's raw int64 indices, or None to decline."},
     {NULL, NULL, 0, NULL},
 };
 

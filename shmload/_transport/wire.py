@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._batching.layout import LAYOUTS_KEPT, Layout, ObjectValue
+from .._core.native import native
 from .messages import Done, Indices, SlotRef, Task
 
 # kinds: the first byte of a record
@@ -125,6 +126,14 @@ def unbundle(record: bytes) -> list[memoryview | bytes]:
 _max = np.maximum.reduce
 
 
+def _int64_indices(raw: memoryview) -> tuple[list[int], int | None]:
+    """A task's raw int64 indices as the list of Python ints the dataset gets, and their
+    bound (None for none). ``native.int64_indices`` does the same in C, or declines."""
+    indices = np.frombuffer(raw, np.int64)
+    load = indices.tolist()
+    return load, int(_max(indices.view(np.uint64))) + 1 if load else None
+
+
 def decode_to_worker(record: bytes | memoryview) -> Any:
     """The message of one record (or one part of a bundle) from the task queue;
     :data:`NOTICE` as it is."""
@@ -133,10 +142,8 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
         _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
         raw, bound = memoryview(record)[_TASK.size:], None
         if load_kind == _LOAD_INTS:
-            indices = np.frombuffer(raw, np.int64)
-            load = indices.tolist()
-            if load:  # NOTE [ The bound of a task's indices ]
-                bound = int(_max(indices.view(np.uint64))) + 1
+            decoded = native.int64_indices(raw) if native is not None else None
+            load, bound = decoded if decoded is not None else _int64_indices(raw)
         else:
             load = pickle.loads(raw)
         slot = SlotRef(segment, offset, capacity) if segment >= 0 else None
