@@ -117,3 +117,16 @@ def test_an_epochs_checks_run_after_its_clocks_stop(monkeypatch):
     assert out["batches"] == 2 and out["duplicates"] == 0 and out["missing"] == 0 and out["seconds"] >= 0
     last_clock = max(i for i, e in enumerate(events) if e == "clock")
     assert events.index("checks") > last_clock, events
+
+
+def test_the_competing_process_of_a_contended_run_stops_with_its_block_also_on_an_error():
+    from benchmarks.contend import contender
+
+    with contender(0) as quiet:
+        assert quiet.proc is None  # a quiet run: nothing started
+    with pytest.raises(RuntimeError), contender(0.5) as busy:
+        proc = busy.proc
+        assert proc is not None and proc.poll() is None
+        raise RuntimeError("a failed measurement")
+    assert proc.poll() is not None and busy.proc is None
+    assert busy.cores is not None and 0 <= busy.cores <= 1.1
