@@ -44,11 +44,13 @@ def test_runs_combine_to_medians_with_their_range_and_skips_are_kept():
 @pytest.mark.pure
 def test_targets_compare_shmload_with_the_named_peers():
     results = {"tiny": {"shmload": report.combine([_run([0.1])]), "torch": report.combine([_run([1.0])]),
-                        "tp-runner": report.combine([_run([0.05])])}}
+                        "tp-runner": report.combine([_run([0.05])]), "zmq-pool": report.combine([_run([0.25])])}}
     by_text = {t.text: t for t in report.targets(results, None, 2)}
     assert by_text["tiny: shmload / torch DataLoader"].value == pytest.approx(10)
     assert by_text["tiny: shmload / torch DataLoader"].met is False
     assert by_text["tiny: shmload / tensorpack MultiProcessRunnerZMQ"].value == pytest.approx(0.5)
+    assert by_text["tiny: shmload / ZMQ pickle-5 pool (zmq-pool)"].value == pytest.approx(2.5)
+    assert by_text["tiny: shmload / ZMQ pickle-5 pool (zmq-pool)"].met is True
     assert by_text["transport-big: shmload / torch DataLoader"].met is None  # not run
     assert "[MISSED]" in by_text["tiny: shmload / torch DataLoader"].line()
 

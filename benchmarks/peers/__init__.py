@@ -41,6 +41,7 @@ PEERS: dict[str, Peer] = {
     "tp-runner": Peer("tensorpack_peer", ("tensorpack", "zmq"), "tensorpack MultiProcessRunnerZMQ + BatchData"),
     "tp-map": Peer("tensorpack_peer", ("tensorpack", "zmq"), "tensorpack MultiProcessMapDataZMQ + BatchData"),
     "mp-pool": Peer("baseline", (), "multiprocessing.Pool.imap, pickled numpy batches"),
+    "zmq-pool": Peer("zmq_peer", ("zmq",), "ZMQ PUSH/PULL process pool, pickle protocol 5 with out-of-band buffers"),
     "spdl": Peer("spdl_peer", ("spdl.pipeline",), "SPDL PipelineBuilder, thread pool"),
 }
 
