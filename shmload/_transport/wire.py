@@ -126,6 +126,11 @@ def unbundle(record: bytes) -> list[memoryview | bytes]:
 _max = np.maximum.reduce
 
 
+# (looked up, not assumed: a compiled core built before it had this function, as an
+# editable install not rebuilt since, then declines instead of failing every task)
+_int64_indices_c = getattr(native, "int64_indices", None)
+
+
 def _int64_indices(raw: memoryview) -> tuple[list[int], int | None]:
     """A task's raw int64 indices as the list of Python ints the dataset gets, and their
     bound (None for none). ``native.int64_indices`` does the same in C, or declines."""
@@ -142,7 +147,7 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
         _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
         raw, bound = memoryview(record)[_TASK.size:], None
         if load_kind == _LOAD_INTS:
-            decoded = native.int64_indices(raw) if native is not None else None
+            decoded = _int64_indices_c(raw) if _int64_indices_c is not None else None
             load, bound = decoded if decoded is not None else _int64_indices(raw)
         else:
             load = pickle.loads(raw)
