@@ -8,9 +8,12 @@ dataset and reports, per batch, medians of ``--repeat`` runs:
 * main process: CPU (``process_time``), and its voluntary context switches (each one a
   sleep, hence a wake-up someone paid a system call for);
 * workers: CPU (psutil), the dataset's ``__getitem__`` alone (timed in this process on
-  the same batches), the loader's own cost (CPU minus ``__getitem__``), and the stages
-  the loader's profiler records (``loader.stats()``: fetch, collate = plan + write,
-  other = seeding and reporting, wait = waiting for a task), and their context switches.
+  the same batches), the loader's own cost (CPU minus ``__getitem__``; and CPU minus the
+  *fetch* stage, the ``__getitem__`` loop as the workers ran it: wall time, so on a
+  core shared with another process it counts the wait too and leaves less to the
+  loader), and the stages the loader's profiler records (``loader.stats()``: fetch,
+  collate = plan + write, other = seeding and reporting, wait = waiting for a task),
+  and their context switches.
 
 The header line names the path the per-sample work took: the compiled core or pure
 Python (``shmload._core.native.DESCRIPTION``; ``SHMLOAD_PURE_PYTHON=1`` forces pure
@@ -152,6 +155,7 @@ def one_run(workload: str, batches: int, workers: int, stages: bool = False) -> 
         "workers_ctx_per_batch": kid_ctx / n,
         "getitem_us": 1e3 * getitem,
         "workers_own_us": kid_cpu * us - 1e3 * getitem,
+        "workers_own_in_loop_us": kid_cpu * us - stage("fetch"),
         "worker_fetch_us": stage("fetch"),
         "worker_collate_us": stage("collate"),
         "worker_other_us": stage("other"),
@@ -166,6 +170,7 @@ LABELS = {
     "workers_cpu_us": "workers CPU, us per batch (all workers)",
     "getitem_us": "  of which the dataset's __getitem__ alone, us",
     "workers_own_us": "  the rest: the loader's own cost in the workers, us",
+    "workers_own_in_loop_us": "  the rest, less the fetch stage as the workers ran it instead, us",
     "worker_fetch_us": "worker stage: fetch (__getitem__ in the loop, index checks), us",
     "worker_collate_us": "worker stage: collate (plan + write into the slot), us",
     "worker_other_us": "worker stage: other (seeding, reporting the batch), us",

@@ -19,7 +19,8 @@ loader:
   then ``--epochs`` epochs: images/s, and seconds to the first batch from ``iter()``.
 
 Runs alternate the loaders' order (ABC, CBA, ...); figures are medians of ``--runs``,
-ratios of the default's median to ``split_batches=False``'s from the same run.
+ratios of the default's median to ``split_batches=False``'s (medians over the rounds of
+one invocation; the JSON keeps every round's figure, for the rounds' own ratios).
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ def report(title: str, workers: int, results: dict[int, dict[str, dict[str, list
         med = {name: {f: statistics.median(v) for f, v in row.items()} for name, row in by_loader.items()}
         base = med[UNSPLIT]
         ratios = {name: {f: m[f] / base[f] for f in FIGURES} for name, m in med.items()}
-        summary[str(batches)] = {"medians": med, "x_unsplit": ratios}
+        unsplit = by_loader[UNSPLIT]
+        per_round = {name: {f: statistics.median(a / b for a, b in zip(row[f], unsplit[f])) for f in FIGURES}
+                     for name, row in by_loader.items()}  # (drift between rounds hits both sides of each ratio)
+        summary[str(batches)] = {"medians": med, "x_unsplit": ratios, "x_unsplit_per_round": per_round}
         print(f"\njpeg, {title}: {batches}-batch epochs of {BATCH_SIZE} images (~{FOLDER.size[0]}x{FOLDER.size[1]}), "
               f"{workers} workers (medians; x: over split_batches=False):")
         print(f"  {'loader':32s} {'fresh img/s':>11s} {'x':>5s} {'1st batch s':>11s} {'x':>5s} "
@@ -187,4 +191,7 @@ def report(title: str, workers: int, results: dict[int, dict[str, dict[str, list
             print(f"  {name:32s} {m['fresh']:11.0f} {x['fresh']:5.2f} {m['fresh_first']:11.3f} {x['fresh_first']:5.2f} "
                   f"{m['persistent']:16.0f} {x['persistent']:5.2f} {m['persistent_first']:11.3f} "
                   f"{x['persistent_first']:5.2f}")
+        print("  the medians of the rounds' own ratios over split_batches=False (fresh, persistent img/s): "
+              + "; ".join(f"{name} {r['fresh']:.2f}, {r['persistent']:.2f}" for name, r in per_round.items()
+                          if name != UNSPLIT))
     return summary
