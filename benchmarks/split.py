@@ -187,12 +187,9 @@ def main() -> None:
     everything = []
     for share in args.loads:
         with contender(share) as competitor:
-            for kind in args.kinds:
-                for workers in args.workers or ([2] if kind == "jpeg" else [2, 4]):
-                    everything.append(measure_kind(args, kind, workers, share, root) | {"contend": share})
-        for entry in everything:
-            if entry["contend"] == share:
-                entry["contender_cores"] = competitor.cores
+            block = [measure_kind(args, kind, workers, share, root) | {"contend": share}
+                     for kind in args.kinds for workers in args.workers or ([2] if kind == "jpeg" else [2, 4])]
+        everything += [entry | {"contender_cores": competitor.cores} for entry in block]
         if share:
             print(f"(the competing process took {competitor.cores or 0:.2f} of a core)")
     print(json.dumps({"benchmark": "split", "ms": args.ms, "batch": BATCH, "runs": args.runs, "steady": args.steady,

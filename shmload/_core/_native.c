@@ -5,10 +5,11 @@
  * the Python code it stands in for does (collate.py: _transpose, _fill; wire.py:
  * _int64_indices) and returns True (or its result), or it returns False (None) having
  * changed nothing the Python code will not overwrite, and the caller runs the Python
- * code, which then gives the batch or the error it always gives. So the compiled core can never change a batch or an error: it accepts
- * a subset of what Python accepts (exact types only, plain dicts only, C-contiguous
- * rows only), and declines the rest. A Python exception raised while reading a sample
- * (a MemoryError, a key whose __eq__ raises) propagates, as it would from Python.
+ * code, which then gives the batch or the error it always gives. So the compiled core
+ * can never change a batch or an error: it accepts a subset of what Python accepts
+ * (exact types only, plain dicts only, C-contiguous rows only), and declines the rest.
+ * A Python exception raised while reading a sample (a MemoryError, a key whose __eq__
+ * raises) propagates, as it would from Python.
  *
  * Memory safety: every copy into a slot is checked against the destination array's
  * own size before anything is written (copy_rows, fill_numbers); references are owned

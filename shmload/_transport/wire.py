@@ -133,7 +133,8 @@ _int64_indices_c = getattr(native, "int64_indices", None)
 
 def _int64_indices(raw: memoryview) -> tuple[list[int], int | None]:
     """A task's raw int64 indices as the list of Python ints the dataset gets, and their
-    bound (None for none). ``native.int64_indices`` does the same in C, or declines."""
+    bound (NOTE [ The bound of a task's indices ]; None for none). ``native.int64_indices``
+    does the same in C, or declines."""
     indices = np.frombuffer(raw, np.int64)
     load = indices.tolist()
     return load, int(_max(indices.view(np.uint64))) + 1 if load else None
