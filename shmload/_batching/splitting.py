@@ -32,8 +32,10 @@ _REDO_ERRORS = frozenset({"CollateError", "RowwiseTypeMismatch"})
 class SplitBatch:
     """One split batch: which workers still hold a span of it, and what came back."""
 
-    def __init__(self, epoch: int, seq: int, load: list, parts: int, spans: dict[int, Span], slot: Any):
+    def __init__(self, epoch: int, seq: int, load: list, parts: int, spans: dict[int, Span], slot: Any,
+                 position: int | None = None):
         self.epoch, self.seq, self.load, self.parts = epoch, seq, load, parts
+        self.position = position  # elastic: the batch's first global position (elastic.py)
         self.spans = spans  # worker -> its span
         self.pending = set(spans)
         self.slot = slot  # shared by every span (None until the ring is sized)

@@ -20,7 +20,7 @@ from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS
 from .._core import _platform
 from .._ordering import seeding, sharding
-from .._ordering.distributed import DistributedSampler, current_rank, world_or_alone
+from .._ordering.distributed import DistributedSampler, check_elastic, current_rank, world_or_alone
 from .._ordering.sampler import BatchSampler, orders
 from .._ordering.schedule import Schedule
 from .._ordering.shuffle import StreamShuffle
@@ -43,7 +43,7 @@ from .stateful import Stateful
 from .worker_epoch import MultiprocessEpoch
 
 _FROZEN_AFTER_INIT = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "persistent_workers",
-                      "shuffle_buffer")
+                      "shuffle_buffer", "elastic")
 
 
 class DataLoader(Stateful):
@@ -64,7 +64,7 @@ class DataLoader(Stateful):
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None,
                  split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS,
-                 shuffle_buffer: int | None = None, shm_backend: str | None = None):
+                 shuffle_buffer: int | None = None, shm_backend: str | None = None, elastic: bool = False):
         user_dataset = dataset
         dataset, iterable = classify(dataset)
         check_shuffle_buffer(shuffle_buffer, iterable)
@@ -72,6 +72,7 @@ class DataLoader(Stateful):
             check_stream_options(shuffle, sampler, batch_sampler, shuffle_buffer)
         batch_size, drop_last = check_arguments(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                                                 prefetch_factor, seed, generator, multiprocessing_context, distributed)
+        elastic = check_elastic(elastic, iterable, batch_size, sampler, batch_sampler, in_order, distributed)
         if iterable:
             shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
 
@@ -109,6 +110,7 @@ class DataLoader(Stateful):
         self.batch_parts = batch_parts
         self.distributed = distributed  # read at every iter(): see sharding.py
         self.shuffle_buffer = shuffle_buffer  # an iterable source's, samples per worker stream (shuffle.py)
+        self.elastic = elastic  # NOTE [ The global sequence ] (elastic.py)
         self._init_state(dataset, iterable, order_source, auto_batch, bool(shuffle))
         self._config()  # check the settings now, not at the first iter()
         warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
@@ -265,6 +267,10 @@ class DataLoader(Stateful):
             if world != self._world:
                 self._world = world
                 self._cfg = None
+        elif self.elastic and self._own_sampler:  # every rank reads its slice, a world of one included
+            shard = sharding.torch_world() or (1, 0)
+            if shard != self._shard:
+                self._reshard(shard)
         else:
             order = self._order_source if not self._own_sampler else None
             decision = sharding.decide(self.distributed, self._own_sampler, order, sharding.torch_world())
@@ -280,7 +286,16 @@ class DataLoader(Stateful):
     def _reshard(self, shard: tuple[int, int] | None) -> None:
         epoch = self._upcoming_epoch()
         sampler = self._base_sampler
-        if shard is not None:
+        if shard is not None and self.elastic:
+            size, rank = shard
+            sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
+                                         seed=self.seed if self._seed_given else 0, drop_last=self.drop_last,
+                                         elastic=True, batch_size=self.batch_size)
+            # a loaded global position, and an order seed a loaded state set, hold in any world
+            previous = self.sampler if isinstance(self.sampler, DistributedSampler) and self.sampler.elastic else None
+            if previous is not None:
+                sampler.seed, sampler.position = previous.seed, previous.position
+        elif shard is not None:
             size, rank = shard
             sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
                                          seed=self.seed if self._seed_given else 0)

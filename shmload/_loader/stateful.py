@@ -28,6 +28,7 @@ class Stateful:
     _parts_seed: int | None
     _cfg: Any
     seed: int
+    elastic: bool
     num_workers: int
     batch_size: int | None
     drop_last: bool
@@ -56,8 +57,10 @@ class Stateful:
             return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching(),
                                         self._stream_shuffle())
         if live:
-            return _resume.map_state(current.epoch, self.seed, self._saveable(current.sampler_state), current,
-                                     self._batching())
+            sampler_state = self._saveable(current.sampler_state)
+            if _resume.is_elastic(sampler_state):  # the global position, the same on every rank
+                sampler_state = _resume.elastic_at(sampler_state, current.saved()[0])
+            return _resume.map_state(current.epoch, self.seed, sampler_state, current, self._batching())
         return _resume.map_state(self._upcoming_epoch(), self.seed, self._saveable(_resume.capture(self._order_source)),
                                  None, self._batching())
 
@@ -87,14 +90,20 @@ class Stateful:
         state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
         the saved one cancels the resume."""
         state = _resume.check(state, "iterable" if self._iterable else "map")  # its whole shape
-        _resume.check_batching(state["batching"], self._batching())
+        elastic = not self._iterable and _resume.check_elastic(state, self.elastic)
+        if not elastic:  # (an elastic position counts samples: any batch size continues it)
+            _resume.check_batching(state["batching"], self._batching())
         if not self._iterable:
             self._sync_distributed()
-            if self._own_sampler:
+            if self._own_sampler and not elastic:
                 _resume.check_same_sharding(state["sampler"], self._shard)
             if state["sampler"] is not None:  # None: saved without it (NOTE [ Saving without the sampler's state ])
                 _resume.check_resumable(self._order_source)
                 self._order_source.load_state_dict(state["sampler"])
+            if elastic:  # the same global position, as this world's sampler and batch count it
+                sampler = self._order_source
+                state = dict(state, sampler=sampler.state_dict(), next_batch=sampler.resumed_batch(),
+                             delivered_beyond=[])
         else:
             self._sync_distributed()
             saved_parts_seed = state.get("parts_seed")

@@ -90,7 +90,7 @@ class BatchTimer:
 
 def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any, timer: BatchTimer,
                rowwise: Callable[..., Any] | None = None, parts: int = 1, span: _parts.Span | None = None,
-               bound: int | None = None) -> Any:
+               bound: int | None = None, position: int | None = None) -> Any:
     """Batch ``seq`` of ``epoch``: its :class:`Plan`, or :data:`ENDED` if ``load`` is a
     :class:`Draw` past the end of this process's stream. ``load`` is the task's (dataset
     indices, one index, or a Draw); ``epoch_key`` changes with every epoch of the stream.
@@ -101,17 +101,27 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
     also uses for the draws it skips. A worker passes ``rowwise`` for a map-style batch
     that may be written row by row (``rowwise.applies``): the batch is then handed to it,
     seeded, instead of being fetched whole; it returns a Plan, or None if the batch was
-    given up. ``bound``: a number every index is below, if known (``fetch.check_indices``)."""
+    given up. ``bound``: a number every index is below, if known (``fetch.check_indices``).
+    ``position``: an elastic epoch's batch (NOTE [ The global sequence ], elastic.py) whose
+    first sample is at this global position: each sample is seeded by its own position
+    instead, whatever its batch, part or span (an Indices load carries it in this process)."""
     if type(load) is Draw:
         return _load_draw(src, epoch, load, epoch_key, timer)
     if type(load) is Indices:  # (in this process: a worker gets the list from wire.py)
+        position = load.position
         load = load.tolist()
-    seeding.seed_globals(src.seed, epoch, seq, src.rank, span.first if span is not None else 0)
-    timer.to_other()
-    timer.samples = len(load) if src.auto_batch else 1
     cuts: Sequence[tuple[int, int]] = ()
     reseed: Callable[[int], None] | None = None
-    if parts > 1:
+    if position is not None:
+        # (cuts name the sample itself: reseed(i) seeds the load's i-th sample)
+        reseed = functools.partial(seeding.seed_sample, src.seed, epoch, position + (span.start if span else 0))
+        reseed(0)
+        cuts = [(i, i) for i in range(1, len(load))]
+    else:
+        seeding.seed_globals(src.seed, epoch, seq, src.rank, span.first if span is not None else 0)
+    timer.to_other()
+    timer.samples = len(load) if src.auto_batch else 1
+    if parts > 1 and position is None:
         cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
         reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
     if rowwise is not None:

@@ -274,7 +274,7 @@ class _WorkerLoop:
             by_rows = self.load_rowwise if not draw and rowwise.applies(
                 src.dataset, src.collate_fn, src.auto_batch, load, src.plans) else None
             plan = load_batch(src, task.epoch, task.seq, load, task.iteration, self.timer, by_rows, task.parts,
-                              task.span, task.bound)
+                              task.span, task.bound, task.position)
             if plan is ENDED:
                 self.recording = False  # no batch: the profiler does not count it
                 self.send(Exhausted(task.iteration, task.seq))

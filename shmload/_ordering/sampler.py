@@ -288,8 +288,12 @@ class BatchSampler:
             # order instead of a Python loop per index, computing only the batches taken
             indices = self.sampler._order()
             stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
+            position_of = getattr(indices, "position_of", None)  # an elastic share's (elastic.py)
             for start in range(first * self.batch_size, stop, self.batch_size):
                 batch = indices[start:start + self.batch_size]
+                if as_indices and position_of is not None:  # (always Indices: the position must reach the loading)
+                    yield Indices(np.asarray(batch, dtype=np.int64), position_of(batch))
+                    continue
                 if as_indices:
                     values = np.asarray(batch)
                     if values.dtype == np.int64:

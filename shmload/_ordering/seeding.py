@@ -142,10 +142,27 @@ def stream_position(draw: int, worker: int, streams: int) -> int:
     return draw * streams + worker
 
 
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The 64-bit seed of one sample of an elastic epoch, at its global ``position``
+    (NOTE [ The global sequence ], elastic.py): no rank, no batch, so it is the same for
+    any world size. A key of its own (``person``), apart from every batch's."""
+    key = b"%d:%d:%d" % (seed, epoch, position)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"shmload-sample").digest(), "little")
+
+
 def seed_globals(seed: int, epoch: int, position: int, rank: int = 0, part: int = 0) -> None:
     """Seed Python's ``random``, numpy's global RNG and (if imported) torch's for one batch
     (for its part ``part``)."""
-    value = batch_seed(seed, epoch, position, rank, part)
+    seed_with(batch_seed(seed, epoch, position, rank, part))
+
+
+def seed_sample(seed: int, epoch: int, first: int, offset: int = 0) -> None:
+    """Seed the global RNGs for the elastic epoch's sample at position ``first + offset``."""
+    seed_with(sample_seed(seed, epoch, first + offset))
+
+
+def seed_with(value: int) -> None:
+    """Seed the global RNGs with a 64-bit ``value`` (a batch's or a sample's seed)."""
     random.seed(value)
     np.random.seed(value & 0xFFFFFFFF)
     torch = loaded_torch()

@@ -26,7 +26,17 @@ from .._core import _signals
 from .._loading.worker import UserCode
 from .._transport import wire
 from .._transport.limits import default_bound
-from .._transport.messages import Done, Exhausted, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
+from .._transport.messages import (
+    Done,
+    Exhausted,
+    Failed,
+    NeedSpace,
+    Ready,
+    Reassign,
+    StartupFailed,
+    Task,
+    position_of,
+)
 from .._transport.ring import Ring, Slot, SlotState
 from .._transport.shm import Segment
 from ..errors import ShmloadError, WorkerStartupError, death_error
@@ -210,7 +220,8 @@ class Session:
             return False
         if self.recovery.pending:  # (a restarted worker's first draw: rare, so looked at in-line)
             load = self.recovery.restored(wid, load)
-        task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None, parts)
+        task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None, parts,
+                    position=position_of(load))
         self.dispatcher.assign(wid, (self.iteration, seq), InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
         return True

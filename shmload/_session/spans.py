@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .._batching.splitting import SplitBatch
-from .._transport.messages import Done, Indices, NeedSpace, Reassign, Task
+from .._transport.messages import Done, Indices, NeedSpace, Reassign, Task, position_of
 from .._transport.ring import SlotState
 from .allocation import SlotAllocator
 from .dispatch import Dispatcher, InFlight
@@ -54,10 +54,11 @@ class SplitBatches:
         (None before the ring is sized: the first span's NeedSpace chooses it)."""
         s = self._s
         indices = load.tolist() if type(load) is Indices else list(load)
-        self._batches[(s.iteration, seq)] = SplitBatch(epoch, seq, indices, parts, dict(spans), slot)
+        position = position_of(load)
+        self._batches[(s.iteration, seq)] = SplitBatch(epoch, seq, indices, parts, dict(spans), slot, position)
         for wid, span in spans:
             task = Task(s.iteration, epoch, seq, indices[span.start:span.stop], slot.ref if slot is not None else None,
-                        parts, span)
+                        parts, span, position=position)
             s.dispatcher.assign(wid, (s.iteration, seq), InFlight(task, slot))
             s.send(wid, task, defer=True)
 
@@ -146,7 +147,7 @@ class SplitBatches:
             return any(entry.task.seq > split.seq for entry in held), len(held)
 
         wid = min(ids, key=later_and_held)
-        task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts)
+        task = Task(s.iteration, split.epoch, split.seq, split.load, None, split.parts, position=split.position)
         s.dispatcher.assign(wid, (s.iteration, split.seq), InFlight(task, None))
         s.send(wid, task)
 

@@ -46,10 +46,11 @@ class Indices:
     list of Python ints, as from torch's samplers, but the main process neither builds
     that list nor pickles it (``wire.py``: the array's bytes go to the worker as they are)."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "position")
 
-    def __init__(self, array: np.ndarray):
+    def __init__(self, array: np.ndarray, position: int | None = None):
         self.array = array
+        self.position = position  # elastic: the global position of the first index (elastic.py)
 
     def tolist(self) -> list[int]:
         return self.array.tolist()
@@ -70,6 +71,12 @@ class Indices:
 
     def __repr__(self) -> str:
         return repr(self.tolist())
+
+
+def position_of(load: Any) -> int | None:
+    """The global position of a batch's first sample, which an elastic loader's batches
+    carry (NOTE [ The global sequence ], elastic.py); None for any other load."""
+    return load.position if type(load) is Indices else None
 
 
 # ---------------------------------------------------------------- main -> worker
@@ -141,6 +148,7 @@ class Task(NamedTuple):
     parts: int = 1  # the batch's parts, each seeded for itself (NOTE [ Parts of a batch ], parts.py)
     span: Any = None  # a parts.Span: ``load`` is these rows of the batch only, written into their rows of the slot
     bound: int | None = None  # set by the worker's decoding only (wire.py): every index of ``load`` is below it
+    position: int | None = None  # elastic: the global position of the batch's first sample (elastic.py)
 
 
 class Reassign(NamedTuple):

@@ -38,8 +38,9 @@ TASK, DONE, PICKLED, NOTICE_KIND, BUNDLE = 1, 2, 3, 4, 5
 NOTICE = bytes([NOTICE_KIND])  # "the next message is a frame on the socket"
 
 _LOAD_INTS, _LOAD_PICKLE = 0, 1
-# kind, load kind, parts, iteration, epoch, seq, segment (-1: no slot), offset, capacity
-_TASK = struct.Struct("<BBB5xqqqqqq")
+# kind, load kind, parts, iteration, epoch, seq, segment (-1: no slot), offset, capacity,
+# position (elastic: the batch's first global position; -1: none)
+_TASK = struct.Struct("<BBB5xqqqqqqq")
 _DONE = struct.Struct("<BB2xiqqI")  # kind, has stream, layout id (-1: pickled here), iteration, seq, layout bytes
 _NO_SLOT = (-1, 0, 0)
 
@@ -66,7 +67,8 @@ def encode_task(task: Task) -> tuple[bytes, Any]:
     else:
         kind, payload = _LOAD_INTS, ints.cast("B")
     slot = task.slot if task.slot is not None else _NO_SLOT
-    return _TASK.pack(TASK, kind, task.parts, task.iteration, task.epoch, task.seq, *slot), payload
+    position = -1 if task.position is None else task.position
+    return _TASK.pack(TASK, kind, task.parts, task.iteration, task.epoch, task.seq, *slot, position), payload
 
 
 def encode_to_worker(msg: Any) -> tuple[bytes, Any]:
@@ -145,7 +147,7 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
     :data:`NOTICE` as it is."""
     kind = record[0]
     if kind == TASK:
-        _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity = _TASK.unpack_from(record)
+        _, load_kind, parts, iteration, epoch, seq, segment, offset, capacity, position = _TASK.unpack_from(record)
         raw, bound = memoryview(record)[_TASK.size:], None
         if load_kind == _LOAD_INTS:
             decoded = _int64_indices_c(raw) if _int64_indices_c is not None else None
@@ -153,7 +155,7 @@ def decode_to_worker(record: bytes | memoryview) -> Any:
         else:
             load = pickle.loads(raw)
         slot = SlotRef(segment, offset, capacity) if segment >= 0 else None
-        return Task(iteration, epoch, seq, load, slot, parts, None, bound)
+        return Task(iteration, epoch, seq, load, slot, parts, None, bound, None if position < 0 else position)
     return _other(record, kind, "a worker's task queue")
 
 
