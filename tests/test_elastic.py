@@ -317,6 +317,14 @@ def test_what_elastic_loading_cannot_be_combined_with(kwargs, message):
 
 
 @pytest.mark.pure
+def test_in_order_set_false_later_is_refused_at_iter():
+    loader = DataLoader(Augmenting(), batch_size=4, elastic=True)
+    loader.in_order = False
+    with pytest.raises(ValueError, match=r"elastic=True needs in_order=True"):
+        iter(loader)
+
+
+@pytest.mark.pure
 def test_an_iterable_source_is_not_elastic():
     def stream():
         yield from range(10)

@@ -236,6 +236,10 @@ def _elastic_mismatch(saved_elastic: bool, state: Any) -> str:
                 f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}{more})")
 
 
+NEEDS_IN_ORDER = ("needs in_order=True: with batches delivered out of order no rank's position is the global one, "
+                  "and the ranks would deliver differently")
+
+
 def check_elastic(elastic: Any, iterable: bool, batch_size: int | None, sampler: Any, batch_sampler: Any,
                   in_order: Any, distributed: Any) -> bool:
     """Whether a loader is elastic (NOTE [ The global sequence ], elastic.py): asked with
@@ -255,8 +259,7 @@ def check_elastic(elastic: Any, iterable: bool, batch_size: int | None, sampler:
     elif batch_size is None:
         why = "needs batches (each global batch is cut into the ranks' slices): give batch_size="
     elif in_order is False:
-        why = ("needs in_order=True: with batches delivered out of order no rank's position is the global one, "
-               "and the ranks would deliver differently")
+        why = NEEDS_IN_ORDER
     elif distributed is False:
         why = "reads this rank's slice of every global batch: it cannot be combined with distributed=False"
     elif sampler is not None and not given:

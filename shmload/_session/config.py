@@ -12,6 +12,7 @@ from .._batching.collate import default_collate
 from .._batching.parts import DEFAULT_PARTS, MAX_PARTS, parts_of
 from .._core import _platform
 from .._core._checks import check_int
+from .._ordering.distributed import NEEDS_IN_ORDER
 from .._ordering.shuffle import StreamShuffle
 from .._transport import pinning
 from .._transport.shm import resolve_backend
@@ -145,6 +146,8 @@ def check_settings(loader: Any) -> None:
     if loader.split_batches not in (None, False, True):
         raise ValueError(f"split_batches should be True, False or None, but got split_batches={loader.split_batches!r}")
     # persistent_workers and in_order are taken for their truth, as torch takes them (1, 0, None)
+    if getattr(loader, "elastic", False) and not loader.in_order:  # (as distributed.check_elastic at construction)
+        raise ValueError(f"elastic=True {NEEDS_IN_ORDER}")
     timeout = loader.timeout
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
         raise ValueError(f"timeout option should be non-negative, but got timeout={timeout!r}")
