@@ -168,6 +168,20 @@ def test_a_samples_seed_is_its_own_and_depends_on_seed_epoch_and_position():
 
 
 @pytest.mark.pure
+@pytest.mark.parametrize("value", [0, 7, 2**32 + 3, 2**64 - 1])
+def test_seeding_is_random_seed_and_numpys_seed(value):
+    def draws():
+        return random.random(), random.gauss(0, 1), random.randrange(10**9), np.random.rand()
+
+    random.gauss(0, 1)  # (leaves a second normal draw waiting, which seeding must discard)
+    seeding.seed_with(value)
+    ours = draws()
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)
+    assert ours == draws()
+
+
+@pytest.mark.pure
 def test_a_tasks_position_crosses_the_wire():
     for position in (None, 0, 12, 2**40):
         task = Task(3, 1, 5, [4, 2, 9], None, 2, position=position)
@@ -266,6 +280,18 @@ def test_the_epochs_after_a_resume_are_the_uninterrupted_runs():
             loader.close()
     assert head + rest == two_epochs[0]
     assert second == two_epochs[1] != two_epochs[0]
+
+
+@pytest.mark.pure
+def test_set_epoch_chooses_the_same_epoch_in_every_world():
+    by_world = {}
+    for world in (1, 3):
+        group = loaders(world)
+        for loader in group:
+            loader.set_epoch(4)
+        by_world[world] = global_sequence([list(loader) for loader in group])
+    assert by_world[1] == by_world[3] != run(1)
+    assert sorted({row[0] for row in by_world[1]}) == list(range(N))
 
 
 @pytest.mark.pure
