@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader, DistributedSampler
-from shmload._ordering import elastic, seeding
+from shmload._ordering import elastic, seeding, sharding
 from shmload._transport import wire
 from shmload._transport.messages import Indices, Task
 
@@ -249,6 +249,22 @@ def _stopped(world: int, after: int, workers: int = 0):
             loader.close()
 
 
+def test_a_state_loaded_before_the_process_group_is_cut_for_the_world_found_at_iter(monkeypatch, reference):
+    """Loaded while no process group exists (a world of one), resumed once it does (3)."""
+    head, states = _stopped(2, 2)
+    world: list = [None]
+    monkeypatch.setattr(sharding, "torch_world", lambda: world[0])
+    per_rank = []
+    for rank in range(3):
+        world[0] = None
+        loader = DataLoader(Augmenting(), batch_size=4, shuffle=True, elastic=True)
+        loader.load_state_dict(states[0])
+        world[0] = (3, rank)
+        with loader:
+            per_rank.append(list(loader))
+    assert head + global_sequence(per_rank) == reference
+
+
 @pytest.mark.parametrize("saved_on, resumed_on, global_batch", [(2, 3, G), (3, 1, G), (2, 4, 8), (3, 2, 10)])
 def test_a_state_saved_on_one_world_resumes_the_sequence_on_another(reference, saved_on, resumed_on, global_batch):
     head, states = _stopped(saved_on, 2, workers=1)
@@ -357,6 +373,23 @@ def test_an_iterable_source_is_not_elastic():
 
     with pytest.raises(ValueError, match=re.escape("elastic=True needs a map-style dataset")):
         DataLoader(stream, batch_size=2, elastic=True)
+
+
+@pytest.mark.pure
+def test_without_a_seed_an_elastic_loaders_seed_is_zero_on_every_rank():
+    firsts = []
+    for _ in range(2):  # (two "ranks", or two runs)
+        with DataLoader(Augmenting(), batch_size=6, shuffle=True, elastic=True) as loader:
+            assert loader.seed == 0 and loader.state_dict()["seed"] == 0
+            firsts.append(rows(next(iter(loader))))
+    assert firsts[0] == firsts[1]
+    assert DataLoader(Augmenting(), batch_size=6, seed=5, elastic=True).seed == 5
+
+
+@pytest.mark.pure
+def test_an_elastic_sampler_says_what_it_is():
+    assert repr(samplers(2, batch_size=6)[1]) == ("DistributedSampler(rank=1, num_replicas=2, shuffle=True, seed=3, "
+                                                   "drop_last=False, epoch=0, elastic=True, batch_size=6)")
 
 
 @pytest.mark.pure

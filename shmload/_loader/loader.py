@@ -76,6 +76,8 @@ class DataLoader(Stateful):
         if iterable:
             shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
 
+        if seed is None and generator is None and elastic:
+            seed = 0  # the same on every rank, as the order's (elastic loading: docs/distributed.md)
         self.seed = int(seed) if seed is not None else seeding.draw_base_seed(generator)
         self._seed_given = seed is not None or generator is not None  # the same on every rank, presumably
         self._own_sampler = sampler is None and batch_sampler is None
@@ -295,6 +297,8 @@ class DataLoader(Stateful):
             previous = self.sampler if isinstance(self.sampler, DistributedSampler) and self.sampler.elastic else None
             if previous is not None:
                 sampler.seed, sampler.position = previous.seed, previous.position
+            if self._resume is not None:  # loaded before this world was known (before init_process_group)
+                self._resume = _resume.elastic_resume(self._resume, sampler)
         elif shard is not None:
             size, rank = shard
             sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,

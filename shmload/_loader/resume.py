@@ -215,6 +215,14 @@ def elastic_at(sampler_state: dict, next_batch: int) -> dict:
     return dict(sampler_state, position=elastic_position(sampler_state, next_batch))
 
 
+def elastic_resume(state: dict, sampler: Any) -> dict:
+    """A loaded elastic ``state`` as this world counts it, once ``sampler`` (this rank's,
+    of any world) holds its global position: the same position, this world's global
+    batch size and first batch. Again whenever the world changes before the epoch begins
+    (a state loaded before ``init_process_group()``)."""
+    return dict(state, sampler=sampler.state_dict(), next_batch=sampler.resumed_batch(), delivered_beyond=[])
+
+
 def check_elastic(state: dict, elastic: bool) -> bool:
     """Whether ``state`` (checked) is an elastic loader's; a ValueError if this loader is
     elastic and the state is not, or the reverse: a global position and a rank's own

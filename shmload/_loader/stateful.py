@@ -100,10 +100,8 @@ class Stateful:
             if state["sampler"] is not None:  # None: saved without it (NOTE [ Saving without the sampler's state ])
                 _resume.check_resumable(self._order_source)
                 self._order_source.load_state_dict(state["sampler"])
-            if elastic:  # the same global position, as this world's sampler and batch count it
-                sampler = self._order_source
-                state = dict(state, sampler=sampler.state_dict(), next_batch=sampler.resumed_batch(),
-                             delivered_beyond=[])
+            if elastic:
+                state = _resume.elastic_resume(state, self._order_source)
         else:
             self._sync_distributed()
             saved_parts_seed = state.get("parts_seed")

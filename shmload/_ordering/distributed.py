@@ -212,6 +212,11 @@ class DistributedSampler(SeededSampler):
                 "world size)")
         super()._load(state)
 
+    def __repr__(self) -> str:
+        more = f", elastic=True, batch_size={self.batch_size}" if self.elastic else ""
+        return (f"DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, shuffle={self.shuffle}, "
+                f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}{more})")
+
 
 def elastic_position(state: dict, next_batch: int) -> int:
     """The global position after ``next_batch`` of the rank's batches of the epoch whose
@@ -229,11 +234,6 @@ def _elastic_mismatch(saved_elastic: bool, state: Any) -> str:
     return (f"DistributedSampler.load_state_dict: the state was saved by {where}, but this sampler is elastic: "
             "an elastic sampler resumes from an elastic state only (its position is global). Resume without "
             "elastic=True, or start the elastic run from an epoch's start")
-
-    def __repr__(self) -> str:
-        more = f", elastic=True, batch_size={self.batch_size}" if self.elastic else ""
-        return (f"DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, shuffle={self.shuffle}, "
-                f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}{more})")
 
 
 NEEDS_IN_ORDER = ("needs in_order=True: with batches delivered out of order no rank's position is the global one, "
