@@ -209,6 +209,30 @@ def test_workers_and_splitting_do_not_change_the_sequence(reference, start_metho
     assert got == reference
 
 
+class AugmentingImages(Augmenting):
+    """Samples large enough to be written row by row into the slot (rowwise.py)."""
+
+    def __getitem__(self, i: int):
+        return np.full((64, 64, 4), random.random(), np.float32) * np.random.rand(), np.int64(i)
+
+
+def test_samples_written_row_by_row_are_seeded_each_by_its_position():
+    def sequence(world: int, workers: int) -> list:
+        group = [DataLoader(AugmentingImages(), batch_size=G // world, sampler=s, num_workers=workers, seed=SEED,
+                            timeout=TIMEOUT) for s in samplers(world)]
+        try:
+            per_rank = [list(loader) for loader in group]
+        finally:
+            for loader in group:
+                loader.close()
+        return [(int(label), float(image[0, 0, 0])) for k in range(len(per_rank[0])) for batches in per_rank
+                for image, label in zip(*batches[k])]
+
+    one = sequence(1, 0)
+    assert len({value for _, value in one}) == len(one) == 60
+    assert sequence(3, 2) == one
+
+
 def test_spawn_and_forkserver_workers_give_the_same_sequence(reference, all_start_methods):
     assert run(2, 2, multiprocessing_context=all_start_methods) == reference
 
