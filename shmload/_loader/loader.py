@@ -36,6 +36,7 @@ from .._session.config import (
 )
 from .._session.dispatch import DEFAULT_PREFETCH
 from ..profiler.stats import LoaderStats
+from . import elastic_state as _elastic_state
 from . import resume as _resume
 from .epoch import SingleProcessEpoch
 from .pool import SessionPool
@@ -76,8 +77,7 @@ class DataLoader(Stateful):
         if iterable:
             shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
 
-        if seed is None and generator is None and elastic:
-            seed = 0  # the same on every rank, as the order's (elastic loading: docs/distributed.md)
+        seed = 0 if elastic and seed is None and generator is None else seed  # (the same on every rank)
         self.seed = int(seed) if seed is not None else seeding.draw_base_seed(generator)
         self._seed_given = seed is not None or generator is not None  # the same on every rank, presumably
         self._own_sampler = sampler is None and batch_sampler is None
@@ -112,8 +112,7 @@ class DataLoader(Stateful):
         self.batch_parts = batch_parts
         self.distributed = distributed  # read at every iter(): see sharding.py
         self.shuffle_buffer = shuffle_buffer  # an iterable source's, samples per worker stream (shuffle.py)
-        self.elastic = elastic  # NOTE [ The global sequence ] (elastic.py)
-        self._init_state(dataset, iterable, order_source, auto_batch, bool(shuffle))
+        self._init_state(dataset, iterable, order_source, auto_batch, bool(shuffle), elastic)
         self._config()  # check the settings now, not at the first iter()
         warn_too_many_workers(self.num_workers)  # as torch's constructor (NOTE in config.py)
         self._initialized = True
@@ -121,8 +120,11 @@ class DataLoader(Stateful):
     def __class_getitem__(cls, item: Any) -> types.GenericAlias:  # DataLoader[Batch] in annotations, as torch's
         return types.GenericAlias(cls, item)
 
-    def _init_state(self, source: Any, iterable: bool, order_source: Any, auto_batch: bool, shuffle: bool) -> None:
-        """The loader's own state, beside the attributes users see."""
+    def _init_state(self, source: Any, iterable: bool, order_source: Any, auto_batch: bool, shuffle: bool,
+                    elastic: bool) -> None:
+        """The loader's own state, beside the attributes users see; and ``elastic``, which
+        users see (NOTE [ The global sequence ], elastic.py)."""
+        self.elastic = elastic
         self._source = source  # the dataset, or a generator function's GeneratorSource
         self._iterable = iterable
         self._order_source = order_source
@@ -298,7 +300,7 @@ class DataLoader(Stateful):
             if previous is not None:
                 sampler.seed, sampler.position = previous.seed, previous.position
             if self._resume is not None:  # loaded before this world was known (before init_process_group)
-                self._resume = _resume.elastic_resume(self._resume, sampler)
+                self._resume = _elastic_state.elastic_resume(self._resume, sampler)
         elif shard is not None:
             size, rank = shard
             sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,

@@ -10,6 +10,7 @@ from .._core._checks import check_int
 from .._ordering.shuffle import StreamShuffle
 from .._session.config import LoaderConfig
 from ..errors import ShmloadWarning
+from . import elastic_state as _elastic_state
 from . import resume as _resume
 
 
@@ -58,8 +59,8 @@ class Stateful:
                                         self._stream_shuffle())
         if live:
             sampler_state = self._saveable(current.sampler_state)
-            if _resume.is_elastic(sampler_state):  # the global position, the same on every rank
-                sampler_state = _resume.elastic_at(sampler_state, current.saved()[0])
+            if _elastic_state.is_elastic(sampler_state):  # the global position, the same on every rank
+                sampler_state = _elastic_state.elastic_at(sampler_state, current.saved()[0])
             return _resume.map_state(current.epoch, self.seed, sampler_state, current, self._batching())
         return _resume.map_state(self._upcoming_epoch(), self.seed, self._saveable(_resume.capture(self._order_source)),
                                  None, self._batching())
@@ -90,7 +91,7 @@ class Stateful:
         state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
         the saved one cancels the resume."""
         state = _resume.check(state, "iterable" if self._iterable else "map")  # its whole shape
-        elastic = not self._iterable and _resume.check_elastic(state, self.elastic)
+        elastic = not self._iterable and _elastic_state.check_elastic(state, self.elastic)
         if not elastic:  # (an elastic position counts samples: any batch size continues it)
             _resume.check_batching(state["batching"], self._batching())
         if not self._iterable:
@@ -101,7 +102,7 @@ class Stateful:
                 _resume.check_resumable(self._order_source)
                 self._order_source.load_state_dict(state["sampler"])
             if elastic:
-                state = _resume.elastic_resume(state, self._order_source)
+                state = _elastic_state.elastic_resume(state, self._order_source)
         else:
             self._sync_distributed()
             saved_parts_seed = state.get("parts_seed")

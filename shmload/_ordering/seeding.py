@@ -162,9 +162,9 @@ def seed_sample(seed: int, epoch: int, first: int, offset: int = 0) -> None:
     seed_with(sample_seed(seed, epoch, first + offset))
 
 
-# random.seed(n) for an int n is Random.seed's C base method plus clearing gauss_next
-# (random.py); called directly, the Python-level checks of a str or bytes seed are
-# skipped: 4.1 against 5.6 us here, paid per batch, and per sample when elastic.
+# random.seed(n) for an int n is the C base method of the random module's Random.seed,
+# plus clearing gauss_next; called directly, the Python-level checks of a str or bytes
+# seed are skipped: 4.1 against 5.6 us here, paid per batch, and per sample when elastic.
 _seed_random = _random.Random.seed
 
 

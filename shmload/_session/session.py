@@ -24,19 +24,9 @@ from typing import Any
 from .._batching.layout import LayoutCache
 from .._core import _signals
 from .._loading.worker import UserCode
-from .._transport import wire
+from .._transport import messages, wire
 from .._transport.limits import default_bound
-from .._transport.messages import (
-    Done,
-    Exhausted,
-    Failed,
-    NeedSpace,
-    Ready,
-    Reassign,
-    StartupFailed,
-    Task,
-    position_of,
-)
+from .._transport.messages import Done, Exhausted, Failed, NeedSpace, Ready, Reassign, StartupFailed, Task
 from .._transport.ring import Ring, Slot, SlotState
 from .._transport.shm import Segment
 from ..errors import ShmloadError, WorkerStartupError, death_error
@@ -221,7 +211,7 @@ class Session:
         if self.recovery.pending:  # (a restarted worker's first draw: rare, so looked at in-line)
             load = self.recovery.restored(wid, load)
         task = Task(self.iteration, epoch, seq, load, slot.ref if slot is not None else None, parts,
-                    position=position_of(load))
+                    position=messages.position_of(load))
         self.dispatcher.assign(wid, (self.iteration, seq), InFlight(task, slot))
         self.supervisor.send(wid, task, defer=True)  # leaves with the fill's other tasks: see flush()
         return True
