@@ -3,8 +3,13 @@
     python examples/hf_trainer_train.py [--epochs 2] [--samples 104] [--batch-size 8] [--workers 2]
                                         [--accumulate 1] [--output-dir DIR] [--checkpoint-at STEP]
                                         [--resume PATH|True] [--record PREFIX] [--ignore-data-skip]
+                                        [--elastic]
 
     torchrun --nproc-per-node=2 examples/hf_trainer_train.py [...]     # two processes
+
+With ``--elastic`` the loader is ``elastic=True``: a checkpoint saved by 2 processes with
+``--batch-size 8`` resumes in 1 process with ``--batch-size 16`` (the same global batch),
+on the same global sequence (docs/distributed.md).
 
 The recipe (docs/integrations.md)::
 
@@ -79,15 +84,16 @@ else:
     class ShmloadTrainer(Trainer):
         """The whole change from torch's DataLoader: get_train_dataloader() returns shmload's."""
 
-        def __init__(self, *args, workers: int = 2, record: str | None = None, **kwargs) -> None:
+        def __init__(self, *args, workers: int = 2, record: str | None = None, elastic: bool = False,
+                     **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.workers, self.record, self.loader = workers, record, None
+            self.workers, self.record, self.elastic, self.loader = workers, record, elastic, None
 
         def get_train_dataloader(self):
             # distributed=True: under torchrun, read this rank's share without a message
             self.loader = shmload.DataLoader(self.train_dataset, batch_size=self.args.per_device_train_batch_size,
                                              shuffle=True, seed=0, num_workers=self.workers, output="torch",
-                                             distributed=True, timeout=60)
+                                             distributed=True, timeout=60, elastic=self.elastic)
             return self.loader
 
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -125,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", type=resume_arg, default=None, metavar="PATH|True")
     parser.add_argument("--record", default=None, metavar="PREFIX")
     parser.add_argument("--ignore-data-skip", action="store_true", help="to see ShmloadCheckpoint refuse it")
+    parser.add_argument("--elastic", action="store_true",
+                        help="elastic=True: resume on another number of processes (keep batch-size x processes)")
     args = parser.parse_args(argv)
     if torch is None:
         print(f"this example needs torch and transformers ({MISSING}): pip install 'shmload[hf]' "
@@ -141,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_at is not None:
         callbacks.append(SaveAndStop(args.checkpoint_at))
     trainer = ShmloadTrainer(model=Regression(), args=training_args, train_dataset=SyntheticRegression(args.samples),
-                             callbacks=callbacks, workers=args.workers, record=args.record)
+                             callbacks=callbacks, workers=args.workers, record=args.record, elastic=args.elastic)
     try:
         trainer.train(resume_from_checkpoint=args.resume)
     finally:

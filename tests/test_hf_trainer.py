@@ -214,10 +214,38 @@ def test_without_transformers_the_example_says_what_to_install_and_exits_3(witho
     assert "pip install 'shmload[hf]'" in capsys.readouterr().err
 
 
+@pytest.mark.torch
+@needs_trainer
+def test_an_elastic_checkpoint_of_two_processes_resumes_in_one(tmp_path):
+    """--elastic: the global batch is 16 samples, 8 on each of 2 processes or 16 on 1; a
+    checkpoint saved by 2 processes after step 5 resumes in 1 process on the rest of the
+    global sequence of an uninterrupted run in 1 process (the same for any world)."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    final = train(ref, "--elastic", "--batch-size", str(2 * BATCH))
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    train(stopped, "--elastic", "--checkpoint-at", "5", "--batch-size", str(BATCH), ranks=2)
+    checkpoint = stopped / "out" / "checkpoint-5"
+    assert sorted(p.name for p in checkpoint.glob("shmload_loader*")) == ["shmload_loader.json"]
+    state = json.loads((checkpoint / "shmload_loader.json").read_text())
+    assert state["sampler"]["position"] == 5 * 2 * BATCH and state["sampler"]["elastic"] is True
+    os.rename(stopped / "out", tmp_path / "out")  # (the resumed run's output_dir holds the checkpoint)
+    resumed = train(tmp_path, "--elastic", "--resume", "True", "--batch-size", str(2 * BATCH))
+    assert resumed["global_step"] == final["global_step"]
+    assert resumed["weights"] == pytest.approx(final["weights"], abs=1e-6)
+    whole = seen(ref)
+    head = [[e0, ids0 + ids1, s0 + s1] for (e0, ids0, s0), (_, ids1, s1) in zip(seen(stopped, 0), seen(stopped, 1))]
+    for got, expected in zip(head + seen(tmp_path), whole, strict=True):
+        assert got[:2] == expected[:2]
+        assert got[2] == pytest.approx(expected[2], abs=1e-3)
+
+
 @pytest.mark.pure
 def test_the_state_file_is_per_process_when_there_are_several():
     assert hf_trainer.loader_state_file("ck") == os.path.join("ck", "shmload_loader.json")
     assert hf_trainer.loader_state_file("ck", 1, 2) == os.path.join("ck", "shmload_loader.rank1.json")
+    assert hf_trainer.loader_state_file("ck", 1, 2, elastic=True) == os.path.join("ck", "shmload_loader.json")
 
 
 @pytest.mark.pure

@@ -43,11 +43,15 @@ from ..errors import OptionalDependencyError
 LOADER_STATE_NAME = "shmload_loader.json"
 
 
-def loader_state_file(checkpoint_dir: str, process_index: int = 0, world_size: int = 1) -> str:
+def loader_state_file(checkpoint_dir: str, process_index: int = 0, world_size: int = 1,
+                      elastic: bool = False) -> str:
     """Where :class:`ShmloadCheckpoint` keeps the loader's state in a checkpoint folder:
     ``shmload_loader.json``, or ``shmload_loader.rank<r>.json`` for each process of several
-    (each rank's loader reads its own share, so each has its own position)."""
-    if world_size <= 1:
+    (each rank's loader reads its own share, so each has its own position). An elastic
+    loader's state is the same on every rank and resumes on any number of processes
+    (docs/distributed.md): one ``shmload_loader.json``, which every process writes (the
+    same bytes) and reads."""
+    if world_size <= 1 or elastic:
         return os.path.join(checkpoint_dir, LOADER_STATE_NAME)
     return os.path.join(checkpoint_dir, f"shmload_loader.rank{process_index}.json")
 
@@ -119,7 +123,7 @@ class ShmloadCheckpoint:
         _ARMED.discard(train_dataloader)
         if state.global_step > 0:  # resumed: the Trainer loaded checkpoint-<global_step>
             path = loader_state_file(_checkpoint_dir(args.output_dir, state.global_step), args.process_index,
-                                     args.world_size)
+                                     args.world_size, train_dataloader.elastic)
             train_dataloader.load_state_dict(_read_state(path, state.global_step))
             _arm_skip(train_dataloader)
         self._take(state.global_step)
@@ -135,11 +139,14 @@ class ShmloadCheckpoint:
         if step != state.global_step:
             raise RuntimeError(f"ShmloadCheckpoint: the Trainer saves step {state.global_step}, but the loader's "
                                f"state was last taken at the end of step {step} (was on_step_end not called?)")
-        path = loader_state_file(_checkpoint_dir(args.output_dir, step), args.process_index, args.world_size)
+        assert self.loader is not None, "a position was taken without a loader"  # (_take needs one)
+        path = loader_state_file(_checkpoint_dir(args.output_dir, step), args.process_index, args.world_size,
+                                 self.loader.elastic)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        temporary = f"{path}.{os.getpid()}.tmp"  # (an elastic state's file is written by every process)
+        with open(temporary, "w", encoding="utf-8") as f:
             f.write(saved)
-        os.replace(path + ".tmp", path)  # a job killed while writing leaves no half file
+        os.replace(temporary, path)  # a job killed while writing leaves no half file
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.loader is not None:
