@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._ordering.distributed import elastic_position
-
-
-def is_elastic(sampler_state: Any) -> bool:
-    """Is this a sampler state of an elastic epoch (NOTE [ The global sequence ], elastic.py)?"""
-    return isinstance(sampler_state, dict) and sampler_state.get("elastic") is True
+from .._ordering.elastic import is_elastic, origin
 
 
 def elastic_at(sampler_state: dict, next_batch: int) -> dict:
     """An elastic sampler's state at the epoch's start, moved to the global position after
     ``next_batch`` batches (of every rank: the state is the same on each)."""
-    return dict(sampler_state, position=elastic_position(sampler_state, next_batch))
+    g = sampler_state["global_batch_size"]
+    return dict(sampler_state, position=origin(sampler_state["position"], g) + next_batch * g)
 
 
 def elastic_resume(state: dict, sampler: Any) -> dict:

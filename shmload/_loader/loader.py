@@ -290,21 +290,19 @@ class DataLoader(Stateful):
     def _reshard(self, shard: tuple[int, int] | None) -> None:
         epoch = self._upcoming_epoch()
         sampler = self._base_sampler
-        if shard is not None and self.elastic:
+        if shard is not None:
             size, rank = shard
             sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
-                                         seed=self.seed if self._seed_given else 0, drop_last=self.drop_last,
-                                         elastic=True, batch_size=self.batch_size)
+                                         seed=self.seed if self._seed_given else 0,
+                                         drop_last=self.elastic and self.drop_last, elastic=self.elastic,
+                                         batch_size=self.batch_size if self.elastic else None)
+        if self.elastic:
             # a loaded global position, and an order seed a loaded state set, hold in any world
-            previous = self.sampler if isinstance(self.sampler, DistributedSampler) and self.sampler.elastic else None
-            if previous is not None:
+            previous = self.sampler if isinstance(self.sampler, DistributedSampler) else None
+            if previous is not None and previous.elastic:
                 sampler.seed, sampler.position = previous.seed, previous.position
             if self._resume is not None:  # loaded before this world was known (before init_process_group)
                 self._resume = _elastic_state.elastic_resume(self._resume, sampler)
-        elif shard is not None:
-            size, rank = shard
-            sampler = DistributedSampler(self._source, num_replicas=size, rank=rank, shuffle=self._shuffle,
-                                         seed=self.seed if self._seed_given else 0)
         sampler.set_epoch(epoch)
         batch_sampler = BatchSampler(sampler, self.batch_size, self.drop_last) if self.batch_size is not None else None
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler), ("_order_source", sampler),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core._checks import check_int
+from .._ordering.elastic import is_elastic
 from .._ordering.shuffle import StreamShuffle
 from .._session.config import LoaderConfig
 from ..errors import ShmloadWarning
@@ -59,7 +60,7 @@ class Stateful:
                                         self._stream_shuffle())
         if live:
             sampler_state = self._saveable(current.sampler_state)
-            if _elastic_state.is_elastic(sampler_state):  # the global position, the same on every rank
+            if is_elastic(sampler_state):  # the global position, the same on every rank
                 sampler_state = _elastic_state.elastic_at(sampler_state, current.saved()[0])
             return _resume.map_state(current.epoch, self.seed, sampler_state, current, self._batching())
         return _resume.map_state(self._upcoming_epoch(), self.seed, self._saveable(_resume.capture(self._order_source)),

@@ -112,18 +112,17 @@ def load_batch(src: BatchSource, epoch: int, seq: int, load: Any, epoch_key: Any
         load = load.tolist()
     cuts: Sequence[tuple[int, int]] = ()
     reseed: Callable[[int], None] | None = None
-    if position is not None:
-        # (cuts name the sample itself: reseed(i) seeds the load's i-th sample)
+    if position is not None:  # (cuts name the sample itself: reseed(i) seeds the load's i-th sample)
         reseed = functools.partial(seeding.seed_sample, src.seed, epoch, position + (span.start if span else 0))
         reseed(0)
         cuts = [(i, i) for i in range(1, len(load))]
     else:
         seeding.seed_globals(src.seed, epoch, seq, src.rank, span.first if span is not None else 0)
+        if parts > 1:
+            cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
+            reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
     timer.to_other()
     timer.samples = len(load) if src.auto_batch else 1
-    if parts > 1 and position is None:
-        cuts = _parts.cuts_within(span.rows if span is not None else len(load), parts, span)
-        reseed = functools.partial(seeding.seed_globals, src.seed, epoch, seq, src.rank)
     if rowwise is not None:
         return rowwise(load, timer, cuts, reseed, bound)
     samples = fetch(src.dataset, load, src.auto_batch, cuts, reseed, bound)

@@ -186,7 +186,7 @@ class DistributedSampler(SeededSampler):
                 "global_batch_size": self.global_batch_size}
 
     def load_state_dict(self, state: dict) -> None:
-        saved_elastic = isinstance(state, dict) and bool(state.get("elastic"))
+        saved_elastic = _elastic.is_elastic(state)
         if saved_elastic != self.elastic:
             raise ValueError(_elastic_mismatch(saved_elastic, state))
         if not self.elastic:
@@ -197,9 +197,7 @@ class DistributedSampler(SeededSampler):
                 raise ValueError(f"DistributedSampler.load_state_dict: the state was saved with {key}={state[key]}, "
                                  f"but this sampler has {key}={getattr(self, key)}: the global sequence differs")
         check_int("position", state["position"], 0)
-        check_int("seed", state["seed"], 0)
-        self.seed = int(state["seed"])
-        self.set_epoch(state["epoch"])
+        super()._load(state)  # (SeededSampler's: the seed and the epoch; no rank to check)
         self.position = int(state["position"])
 
     def _load(self, state: dict) -> None:
@@ -216,13 +214,6 @@ class DistributedSampler(SeededSampler):
         more = f", elastic=True, batch_size={self.batch_size}" if self.elastic else ""
         return (f"DistributedSampler(rank={self.rank}, num_replicas={self.num_replicas}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch}{more})")
-
-
-def elastic_position(state: dict, next_batch: int) -> int:
-    """The global position after ``next_batch`` of the rank's batches of the epoch whose
-    start an elastic sampler's ``state`` describes (every rank has delivered as many)."""
-    g = state["global_batch_size"]
-    return _elastic.origin(state["position"], g) + next_batch * g
 
 
 def _elastic_mismatch(saved_elastic: bool, state: Any) -> str:

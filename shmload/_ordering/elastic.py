@@ -58,6 +58,11 @@ class Grid(NamedTuple):
         return self.origin + k * self.global_batch + self.rank * self.batch
 
 
+def is_elastic(sampler_state: Any) -> bool:
+    """Is this the state of an elastic sampler (``DistributedSampler(elastic=True)``)?"""
+    return isinstance(sampler_state, dict) and sampler_state.get("elastic") is True
+
+
 def origin(position: int, global_batch: int) -> int:
     """Where the grid of global batches starts for an epoch resumed at ``position`` (0
     for a fresh epoch): its batches then meet ``position`` at a boundary."""
