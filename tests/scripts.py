@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,13 +33,51 @@ def run_script(args: list[str], timeout: float, prefix: tuple[str, ...] = (), **
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException as exc:  # its time-out, pytest-timeout's, Ctrl-C: nothing may outlive the test
+        kill_session(proc.pid)
         out, err = proc.communicate()
-        pytest.fail(f"{args} ran for more than {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+        if isinstance(exc, subprocess.TimeoutExpired):
+            pytest.fail(f"{args} ran for more than {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+        raise
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.session = proc.pid  # the session's id (its leader's pid), to look for what it left
     return result
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    """Live processes of session ``sid`` (a script's: torchrun, its ranks, their workers)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a script's: no other process is in it)."""
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in session_processes(sid):  # (any rank or worker in a process group of its own)
+        try:
+            p.kill()
+        except (OSError, psutil.Error):
+            pass
+
+
+def fail_if_left_behind(result: subprocess.CompletedProcess, what: str, why: str = "") -> None:
+    """Fail (after killing them) if processes of the script's session outlive it by 5 s."""
+    deadline = time.monotonic() + 5
+    while (left := session_processes(result.session)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        names = [(p.pid, " ".join(p.cmdline())) for p in left]
+        kill_session(result.session)
+        pytest.fail(f"{what} exited but left processes behind: {names}\n{why or describe(result)}")
 
 
 def can_unshare() -> bool:

@@ -27,9 +27,7 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -37,11 +35,10 @@ import pytest
 
 from shmload._ordering.seeding import sample_seed
 
-from .scripts import describe, run_script, torchrun_args
+from .scripts import ROOT, describe, fail_if_left_behind, run_script, torchrun_args
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
-from .test_torchrun import session_processes, skip_without_torch
+from .test_torchrun import skip_without_torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "elastic_ddp.py")
 JOB_TIMEOUT = 60  # seconds for one torchrun job (6-12 s on 2 busy cores, most of it importing torch)
 SAMPLES, GLOBAL_BATCH, EPOCHS, SEED = 50, 12, 3, 7
@@ -68,43 +65,12 @@ def launch(world: int | None, *args: str) -> tuple[subprocess.CompletedProcess, 
     None: ``python examples/elastic_ddp.py *args``) in a session of its own, importing this
     checkout's shmload; and its duration. The session is killed if the job overruns or the
     test is interrupted, and the test fails if the job leaves a process behind."""
-    command = [sys.executable, *(torchrun_args(world, [EXAMPLE, *args]) if world else [EXAMPLE, *args])]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT)
-    except BaseException as exc:  # its time-out, pytest-timeout's, Ctrl-C: nothing may outlive the test
-        kill_session(proc.pid)
-        out, err = proc.communicate()
-        if isinstance(exc, subprocess.TimeoutExpired):
-            pytest.fail(f"{command} ran for more than {JOB_TIMEOUT} s\nstdout:\n{out}\nstderr:\n{err}")
-        raise
+    result = run_script(torchrun_args(world, [EXAMPLE, *args]) if world else [EXAMPLE, *args], JOB_TIMEOUT,
+                        OMP_NUM_THREADS="1")
     seconds = time.monotonic() - start
-    result = subprocess.CompletedProcess(command, proc.returncode, out, err)
-    deadline = time.monotonic() + 5
-    while (left := session_processes(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        names = [(p.pid, " ".join(p.cmdline())) for p in left]
-        kill_session(proc.pid)
-        pytest.fail(f"{command} exited but left processes behind: {names}\n{describe(result)}")
+    fail_if_left_behind(result, f"the job {args}")
     return result, seconds
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` (the job's: no other process is in it)."""
-    try:
-        os.killpg(sid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in session_processes(sid):  # (any rank or worker in a process group of its own)
-        try:
-            p.kill()
-        except Exception:
-            pass
 
 
 class Jobs:

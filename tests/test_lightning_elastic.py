@@ -50,15 +50,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import time
 
 import pytest
 
 from .helpers import shuffled_order
-from .scripts import describe, run_script
-from .test_torchrun import session_processes
+from .scripts import describe, fail_if_left_behind, run_script
 
 RUN_TIMEOUT = 120  # seconds for one Lightning run in its subprocess (about 10 s on 2 idle cores)
 
@@ -103,13 +101,7 @@ def job(tmp, name: str, devices: int, *args: str) -> Run:
                          "--samples", str(SAMPLES), "--global-batch", str(GLOBAL_BATCH), "--epochs", str(EPOCHS),
                          "--workers", "1", *args], RUN_TIMEOUT, OMP_NUM_THREADS="1")
     run = Run(result, record, time.monotonic() - started)
-    deadline = time.monotonic() + 5
-    while (left := session_processes(result.session)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        names = [(p.pid, " ".join(p.cmdline())) for p in left]
-        os.killpg(result.session, signal.SIGKILL)  # no other process is in that session
-        pytest.fail(f"{name} exited but left processes behind: {names}\n{run.why()}")
+    fail_if_left_behind(result, name, run.why())
     assert result.returncode == 0 and "Traceback" not in result.stderr, run.why()
     return run
 

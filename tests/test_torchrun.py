@@ -16,14 +16,11 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
-import time
 
-import psutil
 import pytest
 
-from .scripts import describe, run_script, torchrun_args
+from .scripts import describe, fail_if_left_behind, run_script, torchrun_args
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,29 +41,11 @@ skip_without_torch = pytest.mark.skipif(
     not have_torch(), reason="torch is not installed (pip install torch==2.13.0): the job runs torchrun and DDP")
 
 
-def session_processes(sid: int) -> list[psutil.Process]:
-    """Live processes of session ``sid`` (the job's: torchrun, its ranks, their workers)."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
 def run(args: list[str]) -> subprocess.CompletedProcess:
     """``python *args`` (run_script), and fail if a process of its session (torchrun, the
     ranks, their workers) is still alive after it exited."""
     result = run_script(args, JOB_TIMEOUT, OMP_NUM_THREADS="1")
-    deadline = time.monotonic() + 5
-    while (left := session_processes(result.session)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        names = [(p.pid, " ".join(p.cmdline())) for p in left]
-        os.killpg(result.session, signal.SIGKILL)  # no other process is in that session
-        pytest.fail(f"{args} exited but left processes behind: {names}\n{describe(result)}")
+    fail_if_left_behind(result, str(args))
     return result
 
 
