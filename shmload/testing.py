@@ -12,7 +12,11 @@ the promise is weaker: each remaining batch of the epoch exactly once, in any or
 returns: a valid ``shape`` and ``dtype``, a ``write_into(out)`` that writes every
 element of ``out`` and keeps neither ``out`` nor a view of it.
 
-Both raise :class:`AssertionError` with a message saying what is wrong (also under
+:func:`script_workers` makes a ``num_workers="auto"`` loader change its worker count at
+the batches you name instead of measuring, so a test can start and stop workers at known
+points (and check that the batches do not change).
+
+Both checks raise :class:`AssertionError` with a message saying what is wrong (also under
 ``python -O``), and return nothing when the check passes. :func:`run` and
 :func:`flatten` are the pieces :func:`assert_resumes_exactly` is built of, for checks
 of your own.
@@ -32,7 +36,7 @@ import numpy as np
 
 from ._batching.deferred import DeferredArray
 
-__all__ = ["assert_resumes_exactly", "check_deferred_array", "flatten", "run"]
+__all__ = ["assert_resumes_exactly", "check_deferred_array", "flatten", "run", "script_workers"]
 
 # The byte patterns check_deferred_array fills ``out`` with, one per call of write_into.
 # An element is unwritten only if it holds the first after the first call and the second
@@ -235,3 +239,19 @@ def _write_once(value: DeferredArray, shape: tuple[int, ...], dtype: np.dtype, s
         raise AssertionError(f"{what}.write_into kept a view of out after returning (out's memory is still "
                              "referenced): the batch's slot belongs to the consumer once the batch is delivered")
     return memory.reshape(size, dtype.itemsize)
+
+
+def script_workers(loader: Any, script: dict[int, int]) -> None:
+    """Have ``loader`` (``num_workers="auto"``) run ``script[seq]`` workers from the moment
+    batch ``seq`` of an epoch is delivered, in every epoch from its next ``iter()``, instead
+    of choosing the count from measurements. Counts are clamped to 1..``max_workers``."""
+    if getattr(loader, "num_workers", None) != "auto":
+        raise ValueError(f"script_workers needs a loader with num_workers='auto', not "
+                         f"num_workers={getattr(loader, 'num_workers', None)!r}")
+    for seq, count in script.items():
+        if not isinstance(seq, int) or not isinstance(count, int) or seq < 0 or count < 1:
+            raise ValueError(f"script_workers: expected {{batch: workers}} with batch >= 0 and workers >= 1, "
+                             f"but got {seq!r}: {count!r}")
+    pool = loader._sessions
+    pool.script = dict(script)
+    pool.tuner = None  # made again, with the script, at the next iter()

@@ -7,6 +7,7 @@ import collections
 import os
 import random
 import signal
+import threading
 import time
 
 import numpy as np
@@ -592,3 +593,44 @@ class FileNames:
 
     def __getitem__(self, i: int) -> int:
         return len(self.names[i])
+
+
+class Interrupt:
+    """A real Ctrl-C (or ``signum``): the signal sent to this process by another thread
+    after ``delay`` seconds (Python runs its handler in the main thread, wherever it is
+    then: a KeyboardInterrupt, or what the handler raises)."""
+
+    def __init__(self, delay: float, signum: int = signal.SIGINT):
+        self._timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+        self._timer.join(5)
+        return False
+
+
+def rows_under_interrupts(it, rng, max_delay: float, pause: float, signum: int = signal.SIGINT,
+                          raised: type[BaseException] = KeyboardInterrupt) -> tuple[list, int]:
+    """Every batch of iterator ``it`` as a list, taking the same iterator up again after
+    each interrupt (``signum``, at a random moment up to ``max_delay`` seconds from each
+    start, raising ``raised``); ``pause`` seconds of "work" per batch. Also returns how
+    many interrupts landed."""
+    got: list = []
+    interrupts = 0
+    b = None
+    while True:
+        try:
+            with Interrupt(rng.uniform(0.0, max_delay), signum):
+                for b in it:
+                    got.append(b.tolist())
+                    time.sleep(pause)  # (the timer mostly lands in next(), not here)
+            return got, interrupts
+        except raised:
+            interrupts += 1
+            # the for-loop bound b before the interrupt could land in its body: file it once
+            if b is not None and (not got or got[-1] != b.tolist()):
+                got.append(b.tolist())

@@ -7,7 +7,7 @@ nothing is left behind: no segment, descriptor or child.
 Most tests go through the public API, with real signals (a timer's, or the process
 sending itself one). Some reach in where only that makes a moment certain, and say so:
 the signal gate itself (``shmload._core._signals``), a close() interrupted at its first
-step (``shmload._session.session``), a signal inside the POSIX backend's name window
+step (``shmload.profiler.profile``), a signal inside the POSIX backend's name window
 (``shmload._transport.shm``) or inside a finalizer's close
 (``shmload._session.supervisor``).
 """
@@ -34,7 +34,7 @@ import shmload
 from shmload import DataLoader, ShmloadError
 from shmload.testing import flatten, run
 
-from .helpers import AugmentedDataset, RangeDataset
+from .helpers import AugmentedDataset, Interrupt, RangeDataset, rows_under_interrupts
 from .scripts import ROOT
 
 
@@ -44,24 +44,6 @@ def _children() -> set[int]:
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-class _Interrupt:
-    """A real Ctrl-C (or ``signum``): the signal sent to this process by another thread
-    after ``delay`` seconds (Python runs its handler in the main thread, wherever it is
-    then: a KeyboardInterrupt, or what the handler raises)."""
-
-    def __init__(self, delay: float, signum: int = signal.SIGINT):
-        self._timer = threading.Timer(delay, os.kill, (os.getpid(), signum))
-
-    def __enter__(self):
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._timer.cancel()
-        self._timer.join(5)
-        return False
 
 
 def _mappings() -> int:
@@ -116,23 +98,8 @@ def test_ctrl_c_inside_next_then_going_on_yields_every_batch_exactly_once(in_ord
     rng = random.Random(9 + in_order)
     loader = DataLoader(RangeDataset(400), batch_size=2, num_workers=2, timeout=20, in_order=in_order,
                         prefetch_factor=4)
-    got: list[list[int]] = []
-    interrupts = 0
     with loader:
-        it = iter(loader)
-        b = None
-        while True:
-            try:
-                with _Interrupt(rng.uniform(0.0, 0.002)):
-                    for b in it:
-                        got.append(b.tolist())
-                        time.sleep(0.0002)  # (the timer mostly lands in next(), not here)
-                break
-            except KeyboardInterrupt:
-                interrupts += 1
-                # the for-loop bound b before the interrupt could land in its body: file it once
-                if b is not None and (not got or got[-1] != b.tolist()):
-                    got.append(b.tolist())
+        got, interrupts = rows_under_interrupts(iter(loader), rng, 0.002, 0.0002)
     assert interrupts >= 20
     expected = [[i, i + 1] for i in range(0, 400, 2)]
     assert (got if in_order else sorted(got)) == expected
@@ -144,23 +111,9 @@ def test_interrupts_inside_next_then_going_on_yields_every_batch_exactly_once(ki
     SystemExit as for Ctrl-C."""
     signum, raised = _KINDS[kind]
     rng = random.Random(32)
-    got: list[list[int]] = []
-    interrupts = 0
     with _PreemptionHandler(), DataLoader(RangeDataset(400), batch_size=2, num_workers=2, timeout=20,
                                           prefetch_factor=4) as loader:
-        it = iter(loader)
-        b = None
-        while True:
-            try:
-                with _Interrupt(rng.uniform(0.0, 0.002), signum):
-                    for b in it:
-                        got.append(b.tolist())
-                        time.sleep(0.0002)
-                break
-            except raised:
-                interrupts += 1
-                if b is not None and (not got or got[-1] != b.tolist()):
-                    got.append(b.tolist())  # bound by the for-loop before the interrupt landed
+        got, interrupts = rows_under_interrupts(iter(loader), rng, 0.002, 0.0002, signum, raised)
     assert interrupts >= 8
     assert got == [[i, i + 1] for i in range(0, 400, 2)]
 
@@ -382,7 +335,7 @@ def _one_round(method: str, stop: float | None, signum: int, exc: type[BaseExcep
                         timeout=30, persistent_workers=True, shm_backend=backend)
     it = None
     try:
-        with _Interrupt(stop if stop is not None else 3600, signum):
+        with Interrupt(stop if stop is not None else 3600, signum):
             it = iter(loader)
             for k, b in enumerate(it):
                 assert b[:, 0].tolist() == [2 * k, 2 * k + 1] and b.shape[1] == (k + 1) * 2500
@@ -437,7 +390,7 @@ def test_any_handlers_exception_anywhere_leaves_nothing_behind(method, signum, e
 
 def test_a_close_interrupted_before_it_released_anything_is_finished_by_the_next(monkeypatch):
     children_before = _children()
-    from shmload._session import session as session_module
+    from shmload.profiler import profile as profile_module
     loader = DataLoader(RangeDataset(16), batch_size=4, num_workers=2, timeout=20)
     it = iter(loader)  # (held: an iterator dropped closes its workers itself)
     assert next(it).tolist() == [0, 1, 2, 3]
@@ -447,7 +400,7 @@ def test_a_close_interrupted_before_it_released_anything_is_finished_by_the_next
     def interrupted(pid):  # the first thing close() does: read the workers' CPU times
         calls.append(pid)
         raise KeyboardInterrupt
-    monkeypatch.setattr(session_module, "cpu_seconds", interrupted)
+    monkeypatch.setattr(profile_module, "cpu_seconds", interrupted)
     with pytest.raises(KeyboardInterrupt):
         loader.close()
     monkeypatch.undo()
@@ -470,7 +423,7 @@ def test_closes_interrupted_at_random_points_leak_nothing():
         it = iter(loader)
         assert len(next(it)) == 4
         try:
-            with _Interrupt(rng.uniform(0.0001, 0.004)):
+            with Interrupt(rng.uniform(0.0001, 0.004)):
                 loader.close()
                 time.sleep(0.01)  # the timer fires here when close() was quicker
         except KeyboardInterrupt:
@@ -513,7 +466,7 @@ def test_loader_creation_interrupted_at_random_points_leaves_no_entry():
         loader = DataLoader(RangeDataset(8), batch_size=4, num_workers=1, timeout=20, slot_bytes=1 << 16)
         it = None
         try:
-            with _Interrupt(rng.uniform(0.00005, 0.003)):
+            with Interrupt(rng.uniform(0.00005, 0.003)):
                 it = iter(loader)
                 next(it)
                 time.sleep(0.01)

@@ -21,9 +21,12 @@ _OTHER_KEYWORDS = {"dataset", "shuffle", "generator", "pin_memory_device", "dist
 _CHANGED = {"num_workers": 2, "collate_fn": lambda batch: batch, "prefetch_factor": 3, "timeout": 7,
             "worker_init_fn": print, "multiprocessing_context": "spawn", "in_order": False, "seed": 11,
             "output": "numpy", "slot_bytes": 4096, "max_shm_bytes": 1 << 20, "shm_backend": "posix",
-            "max_worker_restarts": 2, "pin_memory": True, "split_batches": False, "batch_parts": 3}
+            "max_worker_restarts": 2, "pin_memory": True, "split_batches": False, "batch_parts": 3,
+            "max_workers": 3}
 # where no other value can be told apart here: "torch" needs torch, a pinner needs CUDA
 _SAME_HERE = {"output", "pin_memory"}
+# meaningful with num_workers="auto" only, whose cap is the config's num_workers
+_OF_AUTO = {"max_workers"}
 
 
 def _field_of(attr):
@@ -45,7 +48,8 @@ def test_every_keyword_is_a_setting_frozen_or_read_once():
 def test_setting_an_attribute_is_read_at_the_next_iter(attr):
     """Each setting, set on a built loader, is what the next epoch's config holds
     (as its converter makes it), and the other settings are unchanged."""
-    loader = shmload.DataLoader(np.arange(8.0), batch_size=4, num_workers=1)  # (no process: no iter())
+    workers = {"num_workers": "auto", "max_workers": 1} if attr in _OF_AUTO else {"num_workers": 1}
+    loader = shmload.DataLoader(np.arange(8.0), batch_size=4, **workers)  # (no process: no iter())
     before = loader._config()
     setattr(loader, attr, _CHANGED[attr])
     after = loader._config()
@@ -58,6 +62,9 @@ def test_setting_an_attribute_is_read_at_the_next_iter(attr):
     elif attr not in _SAME_HERE:
         assert getattr(after, field.name) != getattr(before, field.name)
     others = {f.name for f in dataclasses.fields(LoaderConfig)} - {field.name}
+    if attr in _OF_AUTO:
+        assert (before.num_workers, after.num_workers, after.auto_workers) == (1, 3, True)
+        others.discard("num_workers")
     assert {n: getattr(after, n) for n in others} == {n: getattr(before, n) for n in others}
 
 

@@ -37,6 +37,11 @@ def check_supported(num_workers: int) -> None:
             "num_workers=0 here, or torch.utils.data.DataLoader for worker processes on this platform")
 
 
+def owned_here(pid: int) -> bool:
+    """False in a forked child that inherited a copy of the main process's objects."""
+    return os.getpid() == pid
+
+
 def usable_cpus() -> set[int]:
     """The CPUs this process may run on (its affinity, which respects a cpuset)."""
     try:

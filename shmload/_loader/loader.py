@@ -32,9 +32,11 @@ from .._session.config import (
     check_settings,
     iter_warnings,
     read_settings,
+    resolve_workers,
     warn_too_many_workers,
 )
 from .._session.dispatch import DEFAULT_PREFETCH
+from .._session.scaling import default_cap
 from ..profiler.stats import LoaderStats
 from . import elastic_state as _elastic_state
 from . import resume as _resume
@@ -57,7 +59,7 @@ class DataLoader(Stateful):
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
-                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int | str = 0,
                  collate_fn: Any = None, pin_memory: bool = False, drop_last: bool = False,
                  timeout: float = 0, worker_init_fn: Any = None, multiprocessing_context: Any = None,
                  generator: Any = None, *, prefetch_factor: int | None = None,
@@ -65,7 +67,8 @@ class DataLoader(Stateful):
                  seed: int | None = None, output: str = "numpy", slot_bytes: int | None = None,
                  max_shm_bytes: int | None = None, max_worker_restarts: int = 0, distributed: bool | None = None,
                  split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS,
-                 shuffle_buffer: int | None = None, shm_backend: str | None = None, elastic: bool = False):
+                 shuffle_buffer: int | None = None, shm_backend: str | None = None, elastic: bool = False,
+                 max_workers: int | None = None):
         user_dataset = dataset
         dataset, iterable = classify(dataset)
         check_shuffle_buffer(shuffle_buffer, iterable)
@@ -92,7 +95,7 @@ class DataLoader(Stateful):
         self.drop_last = drop_last
         self.sampler = sampler
         self.batch_sampler = batch_sampler
-        self.num_workers = num_workers
+        self.num_workers, self.max_workers = num_workers, max_workers  # "auto": sized as it runs (scaling.py)
         self.collate_fn = collate_fn
         self.prefetch_factor = prefetch_factor  # None: automatic (see dispatch.prefetch_depth)
         self.persistent_workers = persistent_workers
@@ -102,8 +105,7 @@ class DataLoader(Stateful):
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self.generator = generator
-        self.in_order = in_order
-        self.output = output
+        self.in_order, self.output = in_order, output
         self.slot_bytes = slot_bytes
         self.max_shm_bytes = max_shm_bytes
         self.shm_backend = shm_backend  # None: memfd where the kernel has it ($SHMLOAD_SHM_BACKEND first; shm.py)
@@ -157,9 +159,10 @@ class DataLoader(Stateful):
         """The settings for the next epoch, checked again since attributes may have been set."""
         if self._cfg is None:
             check_settings(self)
-            if self.num_workers > 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
+            if self.num_workers != 0 and not hasattr(self.multiprocessing_context, "get_start_method"):
                 self.multiprocessing_context = _platform.resolve_context(self.multiprocessing_context)
-            self._cfg = LoaderConfig(**read_settings(self), dataset=self._source, auto_batch=self._auto_batch,
+            settings = resolve_workers(read_settings(self), self._iterable, default_cap)
+            self._cfg = LoaderConfig(**settings, dataset=self._source, auto_batch=self._auto_batch,
                                      rank=self._rank, iterable=self._iterable,
                                      stream_shuffle=self._stream_shuffle() if self._iterable else None)
         return self._cfg
@@ -188,7 +191,7 @@ class DataLoader(Stateful):
             self._check_resume(cfg, self._resume)  # at once, as well as when the epoch begins
         length = self._length()
         self._warn_as_torch(cfg)
-        if self._sessions.starts_workers(cfg):
+        if self._sessions.starts_workers(cfg) and not cfg.auto_workers:
             warn_too_many_workers(cfg.num_workers)  # as torch's iter() (NOTE in config.py)
         it = self._sessions.open_epoch(cfg, functools.partial(self._claim, cfg), length, self)
         self._progress = None  # state_dict() now describes the start of the epoch this iterator will claim
@@ -321,9 +324,13 @@ class DataLoader(Stateful):
         memory map (PSS/USS) now, which takes a few milliseconds per process; each worker's
         USS over time, sampled all along (profiler/memory.py), is reported either way."""
         live = [s for s in self._sessions.live if not s.closed]  # (its ring's backend, if settings changed since)
-        return self._sessions.profile.snapshot(self.num_workers, self.prefetch_factor or DEFAULT_PREFETCH,
-                                               memory=memory, dataset=self.dataset,
-                                               shm_backend=(live[-1].cfg if live else self._config()).shm_backend)
+        cfg, tuner = live[-1].cfg if live else self._config(), self._sessions.tuner
+        tuner = tuner if cfg.auto_workers else None
+        return self._sessions.profile.snapshot(tuner.count if tuner else cfg.num_workers,
+                                               self.prefetch_factor or DEFAULT_PREFETCH, memory=memory,
+                                               dataset=self.dataset, shm_backend=cfg.shm_backend,
+                                               counts=tuner.history if tuner else None,
+                                               max_workers=cfg.num_workers if tuner else None)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""

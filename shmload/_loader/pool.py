@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 from .._core import _signals
+from .._core._platform import owned_here
 from .._ordering.stream import Stream
 from .._session.config import LoaderConfig
 from .._session.recovery import RestartBudget
+from .._session.scaling import Tuner
 from .._session.session import Session
-from .._session.supervisor import owned_here
 from ..profiler.profile import Profile
 from .epoch import SingleProcessEpoch
 from .worker_epoch import MultiprocessEpoch
@@ -36,6 +38,9 @@ class SessionPool:
         self.restarts = RestartBudget()  # max_worker_restarts counts per loader, across its sessions
         self.profile = Profile()  # always on: see profiler/profile.py and loader.stats()
         self.stream: Stream | None = None  # an iterable source's in num_workers=0 epochs
+        self.tuner: Tuner | None = None  # num_workers="auto"'s, kept across epochs (scaling.py)
+        self.first_count: int | None = None  # "auto"'s count to begin with: a loaded state's
+        self.script: dict[int, int] | None = None  # tests: the count at given batches (testing.script_workers)
         # Two threads' iter() must not both start a persistent session, nor one close the
         # session another's iterator is using (NOTE [ Threads sharing a session ]). A
         # forked child takes a lock of its own: one another thread held at the fork would
@@ -88,18 +93,33 @@ class SessionPool:
 
     def _multiprocess_epoch(self, cfg: LoaderConfig, claim: Callable[[], tuple[int, Any, Any]], length: int | None,
                             loader: Any) -> MultiprocessEpoch:
+        tuner = self._tuner(cfg)
         if cfg.persistent_workers:
             if self.persistent is None or self.persistent.closed:
-                self.persistent = Session(cfg, self.restarts, self.profile)
+                self.persistent = self._session(cfg, tuner)
                 self.live.add(self.persistent)
-            return MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile)
-        session = Session(cfg, self.restarts, self.profile)
+            return MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile, tuner)
+        session = self._session(cfg, tuner)
         try:
             self.live.add(session)
-            return MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile)
+            return MultiprocessEpoch(cfg, session, True, claim, length, loader, self.profile, tuner)
         except BaseException:
             session.close()
             raise
+
+    def _session(self, cfg: LoaderConfig, tuner: Tuner | None) -> Session:
+        count = tuner.starting(time.perf_counter()) if tuner is not None else None
+        return Session(cfg, self.restarts, self.profile, workers=count)
+
+    def _tuner(self, cfg: LoaderConfig) -> Tuner | None:
+        """num_workers="auto"'s tuner: the loader's, made again for another cap."""
+        if not cfg.auto_workers:
+            return None
+        if self.tuner is None or self.tuner.cap != cfg.num_workers or self.first_count is not None:
+            self.tuner = Tuner(cfg.num_workers, self.first_count or (self.tuner.count if self.tuner else None),
+                               self.script)
+            self.first_count = None
+        return self.tuner
 
     def close(self, finalizing: bool = False) -> None:
         """Close every session (``finalizing``: run by the loader's finalizer)."""

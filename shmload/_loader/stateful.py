@@ -31,7 +31,8 @@ class Stateful:
     _cfg: Any
     seed: int
     elastic: bool
-    num_workers: int
+    num_workers: int | str
+    _sessions: Any
     batch_size: int | None
     drop_last: bool
     sampler: Any
@@ -40,12 +41,21 @@ class Stateful:
         def _sync_distributed(self, unshard: bool = False) -> None: ...
         def _stream_shuffle(self) -> StreamShuffle: ...
         def _note(self, message: str, category: type) -> None: ...
+        def _config(self) -> Any: ...
 
     def state_dict(self) -> dict:
         """Where the loader is: at an epoch's start or in the middle of one (the latest
         ``iter()``), for :meth:`load_state_dict` in a new loader, with any ``num_workers``
         (for an iterable source: the same). Small, and JSON-serializable when the
-        sampler's (or source's) own state is; see docs/api.md."""
+        sampler's (or source's) own state is; see docs/api.md. With num_workers="auto" it
+        also holds the count run last (``"workers"``), which a resumed "auto" loader starts from."""
+        state = self._state()
+        tuner = self._sessions.tuner
+        if tuner is not None and self.num_workers == "auto" and self._resume is None:
+            state = {**state, "workers": tuner.count}
+        return state
+
+    def _state(self) -> dict:
         if self._resume is not None:
             return self._resume  # loaded, not used yet
         self._sync_distributed()
@@ -56,8 +66,8 @@ class Stateful:
                 self._saveable(_resume.capture(self._source, kind="iterable source"), "iterable source")
                 return _resume.stream_state(current.epoch, self.seed, len(current.draws), current, self._batching(),
                                             self._stream_shuffle())
-            return _resume.stream_state(self._next_epoch, self.seed, max(1, self.num_workers), None, self._batching(),
-                                        self._stream_shuffle())
+            return _resume.stream_state(self._next_epoch, self.seed, max(1, self._config().num_workers), None,
+                                        self._batching(), self._stream_shuffle())
         if live:
             sampler_state = self._saveable(current.sampler_state)
             if is_elastic(sampler_state):  # the global position, the same on every rank
@@ -113,8 +123,13 @@ class Stateful:
             if saved_parts_seed is not None and saved_parts_seed != self._parts_seed:
                 self._parts_seed = saved_parts_seed
                 self._cfg = None
+        workers = state.get("workers")
+        if workers is not None:
+            check_int("state['workers']", workers, 1)
         if state["seed"] != self.seed:
             self.seed = int(state["seed"])
+        if workers is not None and self.num_workers == "auto":
+            self._sessions.first_count = workers
         self._resume = state
         self._next_epoch = int(state["epoch"])
 

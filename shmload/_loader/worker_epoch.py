@@ -18,6 +18,7 @@ from .._core import _signals
 from .._ordering.schedule import Planned, Schedule
 from .._session.config import LoaderConfig
 from .._session.results import Ended, LoadFailed
+from .._session.scaling import Tuner
 from .._session.session import Session
 from .._session.split_policy import LATER, SplitPolicy
 from ..errors import LoaderTimeoutError, ShmloadError
@@ -34,9 +35,11 @@ _TAKEN_OVER = ("this iterator can no longer be used: a newer iter() of the same 
 
 class MultiprocessEpoch(Epoch):
     def __init__(self, cfg: LoaderConfig, session: Session, owns_session: bool,
-                 claim: Callable[[], tuple[int, Schedule, Any]], length: int | None, loader: Any, profile: Profile):
+                 claim: Callable[[], tuple[int, Schedule, Any]], length: int | None, loader: Any, profile: Profile,
+                 tuner: Tuner | None = None):
         self._loader = loader  # `for b in DataLoader(...)`: the loader must live as long as this
         self._profile = profile
+        self._tuner = tuner  # num_workers="auto" (scaling.py)
         self._cfg, self._session = cfg, session
         self._claim, self._length = claim, length
         self._lock = session.lock  # NOTE [ Threads sharing a session ] (session.py)
@@ -147,7 +150,10 @@ class MultiprocessEpoch(Epoch):
             raise result.error
         self._nbytes = result.layout.nbytes
         consumer = self._profile.consumer
-        if _clock() >= consumer.next_sample:  # ring occupancy, at most every 5 ms
+        now = _clock()
+        if self._tuner is not None:
+            self._tuner.on_batch(self._session, self._profile, result.seq, now)
+        if now >= consumer.next_sample:  # ring occupancy, at most every 5 ms
             self._session.collect_releases()  # so batches the consumer let go count as free
             consumer.sample_ring(self._session.ring.counts())
             self._profile.sample_memory(self._session)  # a worker's USS, now and then (profiler/memory.py)

@@ -44,7 +44,9 @@ class LoaderConfig:
     dataset: Any  # the dataset, or a generator function's GeneratorSource
     auto_batch: bool  # False with batch_size=None: one sample per step, nothing stacked
     collate_fn: Callable | None = setting(_nondefault_collate)  # None: the default collate, written into the slot
-    num_workers: int = setting()
+    num_workers: int = setting()  # with "auto": the most workers, the cap (auto_workers is True)
+    max_workers: int | None = setting(default=None)  # num_workers="auto"'s cap; None: the usable cores
+    auto_workers: bool = False  # num_workers="auto": the count changes as the loader runs (scaling.py)
     prefetch_factor: int | None = setting()  # None: 2, deeper for small batches (dispatch.prefetch_depth)
     persistent_workers: bool = setting(bool)
     timeout: float = setting(float)
@@ -78,6 +80,22 @@ class LoaderConfig:
     def parts_at(self, seq: int, length: int | None) -> int:
         """Batch ``seq``'s parts in an epoch of ``length`` batches (``parts.parts_of``)."""
         return parts_of(seq, length, self.parts, self.split_batches is True)
+
+
+AUTO = "auto"
+
+
+def resolve_workers(settings: dict[str, Any], iterable: bool, cap: Callable[[int | None], int]) -> dict[str, Any]:
+    """``settings`` (read_settings()) with num_workers="auto" turned into its cap, ``cap(max_workers)``,
+    and auto_workers set. An iterable source's data depends on its worker count (a
+    stream per worker), so it is refused one that changes."""
+    if settings["num_workers"] != AUTO:
+        return settings
+    if iterable:
+        raise ValueError("num_workers='auto' needs a map-style dataset: an iterable source is read as one stream "
+                         "per worker, so its worker count decides which samples each batch holds; give a count "
+                         "(num_workers=2, say)")
+    return {**settings, "num_workers": cap(settings["max_workers"]), "auto_workers": True}
 
 
 SETTINGS = tuple(f.metadata["attr"] or f.name for f in fields(LoaderConfig) if "attr" in f.metadata)
@@ -132,9 +150,15 @@ def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: 
 def check_settings(loader: Any) -> None:
     """The checks for every setting that may change after construction (``SETTINGS``)."""
     # (torch's words too, which scripts match: "num_workers option should be non-negative")
-    check_int("num_workers", loader.num_workers, 0,
-              also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing")
-    _platform.check_supported(loader.num_workers)
+    if loader.num_workers != AUTO:
+        check_int("num_workers", loader.num_workers, 0,
+                  also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing, "
+                       "or num_workers='auto'")
+    _platform.check_supported(1 if loader.num_workers == AUTO else loader.num_workers)
+    check_int("max_workers", loader.max_workers, 1, allow_none=True)
+    if loader.max_workers is not None and loader.num_workers != AUTO:
+        raise ValueError(f"max_workers is the cap of num_workers='auto', but got num_workers={loader.num_workers!r}: "
+                         "pass num_workers='auto', or leave max_workers out")
     check_int("prefetch_factor", loader.prefetch_factor, 1, allow_none=True)
     check_int("seed", loader.seed, 0)
     check_int("slot_bytes", loader.slot_bytes, 1, allow_none=True)
@@ -175,9 +199,10 @@ def check_settings(loader: Any) -> None:
 # own lines, not the caller's, so Python's default filter shows it once per process and
 # place however many loaders are made; it is attributed here to the loader's own lines
 # (stacklevel 2: DataLoader.__init__ or __iter__) for the same effect.
-def too_many_workers(num_workers: int) -> str | None:
-    """torch's warning for ``num_workers`` workers, in its words; None if it has none."""
-    if not num_workers:
+def too_many_workers(num_workers: int | str) -> str | None:
+    """torch's warning for ``num_workers`` workers, in its words; None if it has none
+    ("auto" never runs more workers than cores are free)."""
+    if not isinstance(num_workers, int) or not num_workers:
         return None
     cores = _platform.cpu_count()
     if cores is not None and num_workers <= cores:
@@ -193,7 +218,7 @@ def too_many_workers(num_workers: int) -> str | None:
             "avoid potential slowness/freeze if necessary.")
 
 
-def warn_too_many_workers(num_workers: int) -> None:
+def warn_too_many_workers(num_workers: int | str) -> None:
     """Give torch's excessive-worker warning if it applies (NOTE above), attributed to the caller."""
     message = too_many_workers(num_workers)
     if message is not None:

@@ -80,6 +80,11 @@ class Dispatcher:
         # previous one ended, or when it was sent one while it held none (parts.tail_wait).
         self.busy_since: list[float | None] = [None] * num_workers
         self.completed = 0  # tasks that came back, ever (when to measure the pace again: Session)
+        # Which workers are given new tasks: all of them, except with num_workers="auto",
+        # where a stopped worker (or one still starting) is left out (scaling.py). A worker
+        # left out keeps and finishes what it holds.
+        self.accepting = [True] * num_workers
+        self.active = num_workers  # how many accept
 
     @property
     def num_workers(self) -> int:
@@ -88,23 +93,33 @@ class Dispatcher:
     def pick(self) -> int | None:
         """The worker to send the next task to, or None if every worker is full."""
         best, best_load = None, self.per_worker
+        accepting = self.accepting
         for wid, tasks in enumerate(self._tasks):
-            if len(tasks) < best_load:
+            if len(tasks) < best_load and accepting[wid]:
                 best, best_load = wid, len(tasks)
         return best
 
     def idle(self) -> bool:
-        """Does some worker hold no task?"""
-        return any(not tasks for tasks in self._tasks)
+        """Does some worker that accepts tasks hold none?"""
+        return any(not tasks and ok for tasks, ok in zip(self._tasks, self.accepting))
 
     def idle_workers(self) -> int:
-        """How many workers hold no task."""
-        return sum(1 for tasks in self._tasks if not tasks)
+        """How many workers that accept tasks hold none."""
+        return sum(1 for tasks, ok in zip(self._tasks, self.accepting) if ok and not tasks)
+
+    def accept(self, wid: int, ok: bool) -> None:
+        """Give worker ``wid`` new tasks from now on (``ok``), or no more."""
+        self.accepting[wid] = ok
+        self.active = sum(self.accepting)
+
+    def holds(self, wid: int) -> int:
+        """How many tasks worker ``wid`` holds."""
+        return len(self._tasks[wid])
 
     def has_room(self, wid: int) -> bool:
         """May worker ``wid`` be sent one more task? (An iterable source's draws go to the
         worker whose stream it is, whatever the others hold.)"""
-        return len(self._tasks[wid]) < self.per_worker
+        return len(self._tasks[wid]) < self.per_worker and self.accepting[wid]
 
     def assign(self, wid: int, key: tuple[int, int], task: InFlight) -> None:
         """Record ``task`` as held by ``wid``, replacing what was recorded under ``key``

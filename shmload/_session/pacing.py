@@ -36,13 +36,14 @@ class Pacing:
     """The depth and the ring's target for one session; ``max_bytes`` reads the ring's
     bound, which is known only once the loader's own segments exist."""
 
-    def __init__(self, cfg: LoaderConfig, max_bytes: Callable[[], int]):
-        self._cfg, self._max_bytes = cfg, max_bytes
+    def __init__(self, cfg: LoaderConfig, max_bytes: Callable[[], int], workers: Callable[[], int]):
+        """``workers()``: the workers being run (fewer than ``num_workers`` with "auto": scaling.py)."""
+        self._cfg, self._max_bytes, self._workers = cfg, max_bytes, workers
         self._retune_at = 4 * cfg.num_workers  # completions after which the depth is retuned
 
     def target_slots(self, slot_bytes: int) -> int:
         """The ring's target: the batches in flight, plus two the consumer may hold (ring.py)."""
-        return self._cfg.num_workers * self.depth(slot_bytes) + 2
+        return self._workers() * self.depth(slot_bytes) + 2
 
     def depth(self, slot_bytes: int, batch_seconds: float | None = None) -> int:
         """The depth for slots of ``slot_bytes`` (and a measured ``batch_seconds``). By bytes
@@ -81,4 +82,4 @@ class Pacing:
         quarters of its depth has plenty to do meanwhile. Depths under 4 (large batches,
         where a wake-up is nothing beside the batch) send every task at once."""
         burst = dispatcher.per_worker // 4
-        return room >= max(1, burst * self._cfg.num_workers) or (room > 0 and dispatcher.idle())
+        return room >= max(1, burst * dispatcher.active) or (room > 0 and dispatcher.idle())

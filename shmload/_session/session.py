@@ -10,9 +10,8 @@ Slots. Which batch gets which slot, and when waiting for one can no longer help,
 decided by the :class:`~shmload._session.allocation.SlotAllocator`; the session carries it out
 (a task sent with its slot, a :class:`Reassign` for a worker that waited for a larger one).
 
-Worker deaths are recovery.py's: a restart that picks up the dead worker's tasks, or the
-error.
-"""
+Worker deaths are recovery.py's (a restart that picks up the dead worker's tasks, or the
+error); which workers are given tasks, with num_workers="auto", is scaling.py's."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from typing import Any
 
 from .._batching.layout import LayoutCache
 from .._core import _signals
+from .._core._platform import owned_here
 from .._loading.worker import UserCode
 from .._transport import messages, wire
 from .._transport.limits import default_bound
@@ -30,7 +30,7 @@ from .._transport.messages import Done, Exhausted, Failed, NeedSpace, Ready, Rea
 from .._transport.ring import Ring, Slot, SlotState
 from .._transport.shm import Segment
 from ..errors import ShmloadError, WorkerStartupError, death_error
-from ..profiler.profile import cpu_seconds
+from ..profiler.profile import workers_cpu
 from . import lifetime, waiting
 from .allocation import SlotAllocator
 from .config import LoaderConfig
@@ -39,8 +39,9 @@ from .mappings import WorkerMappings
 from .pacing import Pacing, busy
 from .recovery import Recovery, RestartBudget
 from .results import Ended, Loaded, LoadFailed, failed_where, unpicklable
+from .scaling import Scaling
 from .spans import SplitBatches
-from .supervisor import Supervisor, owned_here
+from .supervisor import Supervisor
 
 # Seconds close() waits for another thread's next() in progress to see the session
 # closed and let go (it looks after every wait, at most worker_epoch.POLL_INTERVAL); past it, a
@@ -49,13 +50,14 @@ CLOSE_WAIT = 5.0
 
 
 class Session:
-    ring: Ring  # (declared: the pacing reads the bound of the ring made after it)
+    ring: Ring  # (declared: the pacing reads the ring's bound and the count, made after it)
+    scaling: Scaling
 
-    def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None, profile: Any = None):
+    def __init__(self, cfg: LoaderConfig, restarts: RestartBudget | None = None, profile: Any = None,
+                 workers: int | None = None):  # (workers: how many run at first; scaling.py)
         self.cfg = cfg
         self.profile = profile  # the loader's Profile (profile.py), told when this session closes
-        self.owner_pid = os.getpid()
-        self.iteration = 0
+        self.owner_pid, self.iteration = os.getpid(), 0
         self.lock = threading.RLock()  # NOTE [ Threads sharing a session ] (re-entered by close())
         self.closed = False
         self._released = False  # NOTE [ A close() that did not finish ]
@@ -65,11 +67,12 @@ class Session:
         self._carried: list = []  # results read by a poll() that then raised (see poll())
         self.splits = SplitBatches(self)  # split batches in flight (spans.py)
         # (without max_shm_bytes, the bound is read once the loader's own segments exist: below)
-        self.pacing = Pacing(cfg, lambda: self.ring.max_bytes)
+        self.pacing = Pacing(cfg, lambda: self.ring.max_bytes, lambda: self.scaling.target)
         self.ring = Ring(functools.partial(Segment, pinner=cfg.pinner, backend=cfg.shm_backend),
                          self.pacing.target_slots, cfg.max_shm_bytes or 0, bound_source="max_shm_bytes",
                          on_attach=self._attach, on_detach=self._detach)
         self.dispatcher = Dispatcher(cfg.num_workers, self.pacing.depth(self.ring.slot_bytes))
+        self.scaling = Scaling(self.dispatcher, cfg.num_workers if workers is None else workers)
         self.allocator = SlotAllocator(self.ring, self.dispatcher)
         self.recovery = Recovery(cfg.max_worker_restarts, restarts if restarts is not None else RestartBudget(),
                                  self.dispatcher, self.allocator, self._layouts, self.splits, self.give_back)
@@ -80,7 +83,7 @@ class Session:
             self._maps.open_board()
             self._supervisor = Supervisor(cfg.context, cfg.num_workers, cfg.seed, cfg.rank, cfg.auto_batch,
                                           UserCode(cfg.dataset, cfg.collate_fn, cfg.worker_init_fn),
-                                          cfg.stream_shuffle, shm_backend=cfg.shm_backend)
+                                          cfg.stream_shuffle, shm_backend=cfg.shm_backend, start=self.scaling.target)
             for h in self.supervisor.workers:
                 self._maps.send_board(self.supervisor, h.id)
             if cfg.max_shm_bytes is None:
@@ -105,8 +108,7 @@ class Session:
         return self._supervisor
 
     @property
-    def board(self) -> Any:
-        """The profiler's counters, a row per worker; None once closed (mappings.py)."""
+    def board(self) -> Any:  # the profiler's counters, a row per worker; None once closed (mappings.py)
         return self._maps.board
 
     # ------------------------------------------------------------ split batches' view (spans.SpanHost)
@@ -115,7 +117,9 @@ class Session:
 
     def worker_ids(self) -> list[int]:
         # (every worker dead, their deaths not yet reported: a restarted one is sent what it held)
-        return [h.id for h in self.supervisor.live()] or [h.id for h in self.supervisor.workers]
+        taking = self.dispatcher.accepting
+        return [h.id for h in self.supervisor.live() if taking[h.id]] or \
+            [h.id for h in self.supervisor.workers if taking[h.id]]
 
     def load_layout(self, wid: int, layout_id: int, layout: Any) -> Any:
         return self._layouts.load(wid, layout_id, layout)
@@ -126,8 +130,15 @@ class Session:
         return {h.id: h.pid for h in self._supervisor.workers if not h.exited} if self._supervisor else {}
 
     def profile_settings(self) -> tuple[int, int, int, int]:
-        """(num_workers, tasks each worker may hold, ring slots, bytes per slot)."""
-        return self.cfg.num_workers, self.dispatcher.per_worker, self.ring.num_slots, self.ring.slot_bytes
+        """(workers run, tasks each worker may hold, ring slots, bytes per slot)."""
+        return self.scaling.target, self.dispatcher.per_worker, self.ring.num_slots, self.ring.slot_bytes
+
+    # ------------------------------------------------------------ num_workers="auto" (scaling.py)
+    def set_workers(self, count: int) -> None:  # (NOTE [ Changing the count mid-epoch ])
+        self.scaling.set(count, self.supervisor, self._attach_all)
+
+    def _attach_all(self, wid: int) -> None:  # a started or restarted worker: the board and the ring
+        self._maps.attach_all(self.supervisor, wid, self.ring.segments())
 
     # ------------------------------------------------------------ depth (pacing.py)
     def _retune(self) -> None:
@@ -135,10 +146,9 @@ class Session:
 
     @property
     def outstanding(self) -> int:
-        """How many batches an epoch keeps outstanding (dispatched, or ready and not yet
-        yielded), as torch counts them: ``num_workers`` times the prefetch depth, which
-        for ``prefetch_factor=None`` is known once the first batch has sized the ring."""
-        return self.cfg.num_workers * self.dispatcher.per_worker
+        """Batches an epoch keeps outstanding (dispatched, or ready and not yet yielded), as
+        torch counts them: the workers given tasks times the prefetch depth."""
+        return self.dispatcher.active * self.dispatcher.per_worker
 
     def seconds_per_sample(self) -> float | None:
         """The workers' mean time per sample so far (the profiler's counters: loading,
@@ -279,6 +289,7 @@ class Session:
         kind = type(msg)
         if kind is Ready:
             self.supervisor.workers[wid].ready = True
+            self.scaling.ready(wid)
             return None
         if kind is StartupFailed:
             self.close()
@@ -332,8 +343,7 @@ class Session:
                 held = [(e.task.seq, e.task.load) for e in self.dispatcher.held_by(h.id)]
                 self.close()
                 raise death_error(h, held, self.cfg.max_worker_restarts)
-            self.recovery.restart(h, self.supervisor, self.iteration,
-                                  lambda wid: self._maps.attach_all(self.supervisor, wid, self.ring.segments()))
+            self.recovery.restart(h, self.supervisor, self.iteration, self._attach_all)
 
     def why_waiting(self, seq: int) -> str:
         """What batch ``seq`` of this iteration is waiting for, for time-out messages."""
@@ -373,7 +383,7 @@ class Session:
         if self._released:  # (by a next() that saw closed while this close() waited for it)
             return
         if self._cpu is None:
-            self._cpu = self._workers_cpu()
+            self._cpu = workers_cpu(self.profile, self.worker_pids())
         try:
             if self._supervisor is not None:  # (None: the session's start was interrupted)
                 self._supervisor.shutdown()
@@ -385,16 +395,6 @@ class Session:
                 self._maps.close()
                 self.ring.close()
         self._released = True
-
-    def _workers_cpu(self) -> dict[int, tuple[int, float | None]]:
-        """Worker id -> (pid, CPU seconds), for the profile; {} if it cannot be read: the
-        profile must never keep close() from releasing what it holds."""
-        if self.profile is None:
-            return {}
-        try:
-            return {wid: (pid, cpu_seconds(pid)) for wid, pid in self.worker_pids().items()}
-        except Exception:
-            return {}
 
     def describe_ring(self) -> str:
         return waiting.describe_ring(self.ring, self.cfg.shm_backend)

@@ -38,7 +38,7 @@ class SplitPolicy:
         """The ``(worker, Span)`` pairs to split a batch into; None to send it whole;
         :data:`LATER` to wait (``on_their_way``: batches dispatched and not yet yielded).
 
-        * The epoch's last ``num_workers`` batches wait until a worker is idle, and are
+        * The epoch's last batches, one per worker run, wait until a worker is idle, and are
           then shared by the idle workers: queued behind other work, they would end the
           epoch on one or two workers while the rest wait (with deep queues, long before
           any worker idles). Waiting costs a round trip per batch at each epoch's end.
@@ -47,14 +47,14 @@ class SplitPolicy:
         * ``split_batches=True`` splits every batch over the workers with room."""
         cfg, dispatcher = self._cfg, self._session.dispatcher
         forced = cfg.split_batches is True
-        near_end = (self._length is not None and self._length - planned.seq <= cfg.num_workers
+        near_end = (self._length is not None and self._length - planned.seq <= dispatcher.active
                     and not self._fast(len(planned.load)))
         idle = dispatcher.idle_workers()
         if not (forced or near_end or idle > on_their_way):
             return None
         if len(planned.load) < 2 or not self._splittable(planned):
             return None
-        live = [not h.exited for h in self._session.supervisor.workers]
+        live = [not h.exited and dispatcher.accepting[h.id] for h in self._session.supervisor.workers]
         loads = dispatcher.loads()
         if near_end and not forced:
             room = [ok and not load for ok, load in zip(live, loads)]

@@ -11,17 +11,15 @@ after one that brought nothing, it asks the kernel without waiting whether a wor
 large message announced), it waits on the sockets instead, :data:`SOCKET_SLICE` at a time.
 
 Shutdown escalates in a fixed order: ask (a Shutdown message, then closing our end of
-the socket, which a worker sees as end-of-file), wait
-``JOIN_TIMEOUT`` seconds, SIGTERM, wait, SIGKILL. A worker stuck in a slow
-``__getitem__`` is therefore stopped within about two seconds, never waited on forever.
-"""
+the socket, which a worker sees as end-of-file), wait ``JOIN_TIMEOUT`` seconds, SIGTERM,
+wait, SIGKILL. A worker stuck in a slow ``__getitem__`` is therefore stopped within about
+two seconds, never waited on forever."""
 
 from __future__ import annotations
 
 import errno
 import multiprocessing
 import multiprocessing.forkserver
-import os
 import selectors
 import socket
 import time
@@ -50,7 +48,8 @@ _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 class Supervisor:
     def __init__(self, ctx: Any, num_workers: int, seed: int, rank: int, auto_batch: bool, user: UserCode,
-                 stream_shuffle: StreamShuffle | None = None, shm_backend: str = "memfd"):
+                 stream_shuffle: StreamShuffle | None = None, shm_backend: str = "memfd", start: int | None = None):
+        # (``num_workers`` ids, the first ``start`` started now, the next by add(): scaling.py)
         _platform.check_supported(num_workers)
         if multiprocessing.current_process().daemon:
             raise ShmloadError(
@@ -80,13 +79,18 @@ class Supervisor:
         try:
             self._control_segment = Segment(-1, ControlBlock.size(num_workers), backend=shm_backend)
             self._control = ControlBlock(self._control_segment.mmap, num_workers)
-            for wid in range(num_workers):
-                # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
-                with _signals.start_window():
-                    self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
+            for _ in range(num_workers if start is None else start):
+                self.add()
         except BaseException:
             self.shutdown()
             raise
+
+    def add(self) -> WorkerHandle:  # the next worker id's process
+        wid = len(self.workers)
+        # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
+        with _signals.start_window():
+            self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
+        return self.workers[wid]
 
     @property
     def control(self) -> ControlBlock:
@@ -394,7 +398,3 @@ def _open(h: WorkerHandle) -> Channel:
     assert h.channel is not None, f"worker {h.id}'s socket is closed"
     return h.channel
 
-
-def owned_here(pid: int) -> bool:
-    """False in a forked child that inherited a copy of the main process's objects."""
-    return os.getpid() == pid

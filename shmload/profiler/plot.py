@@ -56,6 +56,14 @@ def plot_stats(stats: Any, path: str, bins: int = 60) -> None:
     if len(calls):
         x, stall = busy_share(calls[:, 0], calls[:, 1], origin, end, bins)
         top.plot(x, 100 * stall, "k--", label="consumer waiting in next()")
+    counts = tl.get("worker_counts") or []
+    if counts:  # num_workers="auto": the count over time, on its own axis
+        right = top.twinx()
+        right.step([t - origin for t, _ in counts] + [stats.duration], [n for _, n in counts] + [counts[-1][1]],
+                   where="post", color="#8172b2", label="workers run")
+        right.set_ylim(0, max(n for _, n in counts) + 1)
+        right.set_ylabel("workers run (num_workers='auto')")
+        right.legend(loc="lower right", fontsize="small")
     top.set_ylim(0, 105)
     top.set_xlabel("seconds")
     top.set_ylabel("% of the time")

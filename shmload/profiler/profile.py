@@ -157,6 +157,26 @@ def cpu_seconds(pid: int) -> float | None:
     return t.user + t.system
 
 
+def in_window(counts: list[tuple[float, int]], origin: float) -> tuple[tuple[float, int], ...]:
+    """(clock, count) changes as (seconds from ``origin``, count): the count at ``origin``
+    first, at 0.0 (None before any, if it has not started yet)."""
+    before = [n for t, n in counts if t <= origin]
+    head = ((0.0, before[-1]),) if before else ()
+    return head + tuple((round(t - origin, 6), n) for t, n in counts if t > origin)
+
+
+def workers_cpu(profile: Any, pids: dict[int, int]) -> dict[int, tuple[int, float | None]]:
+    """Worker id -> (pid, CPU seconds), read as a session closes, for ``profile``; {} without
+    a profile or if it cannot be read: the profile must never keep close() from releasing
+    what it holds."""
+    if profile is None:
+        return {}
+    try:
+        return {wid: (pid, cpu_seconds(pid)) for wid, pid in pids.items()}
+    except Exception:
+        return {}
+
+
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -276,12 +296,14 @@ class Profile:
 
     # ------------------------------------------------------------ the snapshot
     def snapshot(self, num_workers: int, prefetch: int, memory: bool = True, dataset: Any = None,
-                 shm_backend: str | None = None) -> LoaderStats:
+                 shm_backend: str | None = None, counts: list[tuple[float, int]] | None = None,
+                 max_workers: int | None = None) -> LoaderStats:
         """The window so far. ``num_workers`` and ``prefetch`` are the loader's settings,
         used when no session is live (a live one reports its own); ``dataset``, if given,
         is described in the snapshot so that its diagnosis names stages it really has.
         ``memory=False`` skips reading each process's memory now; the workers' USS over
-        time, sampled all along (``memory.py``), is reported either way."""
+        time, sampled all along (``memory.py``), is reported either way. ``counts``:
+        num_workers="auto"'s (clock, count) at each change, up to ``max_workers``."""
         now = _clock()
         duration = now - self.started
         cpus = usable_cpus()
@@ -316,10 +338,14 @@ class Profile:
         main = MainStats(os.getpid(), c[0] - b[0], c[1] - b[1], c[2] - b[2], c[3] - b[3],
                          cpu_main, mrss, mpss, muss)
         ring_stats = self._ring_stats(ring)
+        timeline = self._timeline(pids, history)
+        window = in_window(counts, self.started) if counts is not None else None
+        timeline["worker_counts"] = [(self.started + t, n) for t, n in window or ()]
         return LoaderStats(duration, num_workers, len(cpus), prefetch, main, tuple(workers), ring_stats,
-                           self._timeline(pids, history), self.reset, machine_cpu=machine,
+                           timeline, self.reset, machine_cpu=machine,
                            dataset=describe_dataset(dataset) if dataset is not None else None,
-                           shm_backend=shm_backend if num_workers else None, core=native.CORE)
+                           shm_backend=shm_backend if num_workers else None, core=native.CORE,
+                           worker_counts=window, max_workers=max_workers)
 
     def _cpu_window(self, cpus: set[int], duration: float) -> tuple[float | None, float]:
         """The machine's CPU seconds on ``cpus`` and the main process's in the window, read

@@ -133,6 +133,10 @@ class LoaderStats:
     dataset: DatasetInfo | None = None  # None: not known to the snapshot
     shm_backend: str | None = None  # the ring's segments: "memfd" | "posix"; None without workers
     core: str = "python"  # the default collate's per-sample work: "compiled" (_native.c) | "python"
+    # num_workers="auto": (seconds into the window, workers run from then on), the first
+    # at 0; None with a fixed count. ``num_workers`` is then the count run last.
+    worker_counts: tuple[tuple[float, int], ...] | None = None
+    max_workers: int | None = None  # "auto"'s cap
 
     # ------------------------------------------------------------ derived figures
     @property
@@ -255,6 +259,14 @@ def memory_line(trends: list[MemoryTrend]) -> str:
     return line
 
 
+def auto_line(counts: tuple[tuple[float, int], ...], cap: int | None) -> str:
+    """num_workers="auto"'s counts over the window: the changes, the last few if many."""
+    steps = [f"{n} at {t:.2f} s" for t, n in counts]
+    if len(steps) > 8:
+        steps = steps[:2] + [f"... ({len(steps) - 6} more)"] + steps[-4:]
+    return f"num_workers='auto' (at most {cap}): {', '.join(steps)}"
+
+
 def _cpu(cpu: float | None, duration: float) -> str:
     return f"{100 * cpu / duration:.0f}%" if cpu is not None and duration > 0 else "-"
 
@@ -269,6 +281,8 @@ def format_table(s: LoaderStats) -> str:
         f"own work between next() calls {m.step:.2f} s"
         + (f" ({_ms(m.step, m.batches)} ms a batch)" if m.batches else ""),
     ]
+    if s.worker_counts is not None:
+        lines.append(auto_line(s.worker_counts, s.max_workers))
     others, own = s.other_cores(), s.own_cpu()
     if others is not None and own is not None and s.machine_cpu is not None:  # (others is None without both)
         lines.append(f"cores: the {s.cores} usable cores were {100 * s.machine_cpu / s.duration / s.cores:.0f}% busy: "

@@ -6,7 +6,8 @@ Tracks:
 * ``main (pid N)``: the consumer's thread, with a ``next()`` slice for each call (the
   time it waited for data, plus the loader's own work) and a ``step`` slice between
   calls (its own work), and a ``ring`` counter track: slots free / filling / ready /
-  held by the consumer, sampled at most every 5 ms.
+  held by the consumer, sampled at most every 5 ms; with num_workers="auto", a
+  ``workers run`` counter track: the count from each change on.
 * ``worker i (pid N)``: one slice per stage of each batch: ``wait for task``, ``fetch``,
   ``collate``, ``other``. A worker measures each stage's duration exactly, but not where
   within the batch each piece happened (a row-wise batch interleaves fetching and
@@ -51,6 +52,8 @@ def trace_events(stats: Any) -> list[dict[str, Any]]:
     for t, free, filling, ready, held in tl["occupancy"]:
         out.append({"name": "ring", "ph": "C", "pid": main, "ts": us(t),
                     "args": {"free": int(free), "filling": int(filling), "ready": int(ready), "held": int(held)}})
+    for t, n in tl.get("worker_counts", ()):  # num_workers="auto"
+        out.append({"name": "workers run", "ph": "C", "pid": main, "ts": us(max(t, origin)), "args": {"workers": n}})
     tracks: dict[int, tuple[int, int]] = {}  # worker id -> (pid, tid) of its track, once named
     for wid, events in sorted(tl["workers"].items()):
         pid, tid = _worker_track(tl, wid, out, tracks)

@@ -1,0 +1,180 @@
+"""num_workers="auto" at work: which worker ids take tasks, starting the ones not yet
+started, and the tuner that measures windows and applies the policy's count
+(``autotune.py``, NOTE [ How the worker count is chosen ]).
+
+NOTE [ Changing the count mid-epoch ]
+A session with num_workers="auto" has the cap's worker ids: its control block, board and
+queues are made for all of them, and the first ``count`` are started. The count then
+moves by which workers are *given new tasks* (``Dispatcher.accepting``), never by taking
+a task back:
+
+* **stop**: the highest ids stop being given tasks. Each finishes and returns what it
+  holds, through the usual path, so nothing is lost or loaded twice; then it waits on its
+  empty queue, using no CPU. Its process stays (its memory too) until the session
+  closes, so that a count coming back costs no start-up.
+* **start**: an id never started gets its process now (and the ring's segments and the
+  board, as a restarted worker does); it is given tasks only once it has said it is
+  ready, so that no batch waits behind a worker still importing (spawn takes seconds).
+  An id stopped earlier is given tasks again at once.
+
+What a batch holds never depends on which worker loads it (its seed is its position:
+seeding.py; spans split it by rows: parts.py), so the batches are the same as with any
+fixed count, in order. Restarts after a worker's death, split batches and
+``persistent_workers`` see only workers; a stopped one that dies is replaced as any other.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, NamedTuple
+
+import psutil
+
+from .._core._platform import usable_cpus
+from ..profiler.profile import machine_cpu_seconds
+from .autotune import Policy, Window, enough
+from .dispatch import Dispatcher
+from .pacing import busy
+
+POLL = 0.05  # seconds between looks at a window that is not long enough yet
+MEMORY_RESERVE = 0.10  # of the machine's memory, left free when starting workers
+
+
+class Scaling:
+    """Which of a session's worker ids are given tasks (``target`` of them: the lowest)."""
+
+    def __init__(self, dispatcher: Dispatcher, count: int):
+        self._dispatcher = dispatcher
+        self.target = count
+        for wid in range(count, dispatcher.num_workers):
+            dispatcher.accept(wid, False)
+
+    def set(self, count: int, supervisor: Any, attach: Callable[[int], None]) -> None:
+        """Run ``count`` workers; a worker started now is ``attach``-ed to the shared memory."""
+        d, started = self._dispatcher, supervisor.workers
+        self.target = count = max(1, min(count, d.num_workers))
+        for wid in range(d.num_workers):
+            if wid >= count:
+                if d.accepting[wid]:
+                    d.accept(wid, False)
+            elif not d.accepting[wid]:
+                if wid >= len(started):
+                    attach(supervisor.add().id)  # (ids start in order: this one is the next)
+                elif started[wid].ready and not started[wid].exited:
+                    d.accept(wid, True)
+
+    def ready(self, wid: int) -> None:
+        """Worker ``wid`` said it is ready: it takes tasks if it is among the target."""
+        if wid < self.target and not self._dispatcher.accepting[wid]:
+            self._dispatcher.accept(wid, True)
+
+    @property
+    def settled(self) -> bool:
+        """Does every worker of the target take tasks (none still starting)?"""
+        return self._dispatcher.active == self.target
+
+
+class Totals(NamedTuple):
+    """Cumulative figures, a window being the difference of two."""
+
+    at: float
+    batches: int
+    stall: float
+    step: float
+    busy: float
+    machine: float | None
+
+
+class Tuner:
+    """A loader's num_workers="auto": the policy, the count it chose over time, and the
+    window being measured. Lives as long as the loader (the count carries over to the
+    next epoch's workers); ``script`` (tests: ``shmload.testing.script_workers``) sets the
+    count at given batches instead of measuring."""
+
+    def __init__(self, cap: int, count: int | None = None, script: dict[int, int] | None = None):
+        self.cap = cap
+        self.policy = Policy(cap, count if count is not None else 1)
+        self.script = script
+        self.history: list[tuple[float, int]] = []  # (time.perf_counter(), count) at each change
+        self.due = 0.0
+        self._base: Totals | None = None
+        self._session: Any = None
+        self._cpus = usable_cpus()
+
+    @property
+    def count(self) -> int:
+        return self.policy.count
+
+    def starting(self, now: float) -> int:
+        """A session starts: the count it runs first."""
+        self._session, self._base = None, None
+        self._note(now, self.count)
+        return self.count
+
+    def on_batch(self, session: Any, profile: Any, seq: int, now: float) -> None:
+        """A batch was delivered: apply the script, or decide if a window is due."""
+        if self.script is not None:
+            count = self.script.get(seq)
+            if count is not None:
+                self._apply(session, count, now)
+            return
+        if now < self.due:
+            return
+        self.due = now + POLL
+        if session is not self._session or self._base is None:
+            if session.scaling.settled:
+                self._session, self._base = session, self._measure(session, profile, now)
+            return
+        totals = self._measure(session, profile, now)
+        window = self._window(self._base, totals, session)
+        if not enough(window.seconds, window.batches):
+            return
+        count = self.policy.decide(window)
+        if count != session.scaling.target:
+            self._apply(session, count, now)
+            self._base = None  # the next window begins once the change is in effect
+        else:
+            self._base = totals
+
+    def _apply(self, session: Any, count: int, now: float) -> None:
+        count = max(1, min(count, self.cap))
+        self.policy.count = count
+        if count != session.scaling.target:
+            session.set_workers(count)
+            self._note(now, count)
+
+    def _note(self, now: float, count: int) -> None:
+        if not self.history or self.history[-1][1] != count:
+            self.history.append((now, count))
+
+    def _measure(self, session: Any, profile: Any, now: float) -> Totals:
+        batches, _, stall, step = profile.consumer.figures()
+        loading = busy(session.board)
+        return Totals(now, batches, stall, step, loading.seconds if loading is not None else 0.0,
+                      machine_cpu_seconds(self._cpus))
+
+    def _window(self, a: Totals, b: Totals, session: Any) -> Window:
+        seconds = b.at - a.at
+        free = None
+        if a.machine is not None and b.machine is not None and seconds > 0:
+            free = len(self._cpus) - (b.machine - a.machine) / seconds
+        return Window(seconds, b.batches - a.batches, b.stall - a.stall, b.step - a.step, b.busy - a.busy, free,
+                      room_for(session.worker_pids()))
+
+
+def room_for(pids: dict[int, int]) -> int | None:
+    """How many more workers memory allows, each taking what the largest one's resident
+    memory is, with :data:`MEMORY_RESERVE` of the machine left free; None if unknown."""
+    try:
+        largest = max((psutil.Process(pid).memory_info().rss for pid in pids.values()), default=0)
+        memory = psutil.virtual_memory()
+    except (psutil.Error, OSError):
+        return None
+    if not largest:
+        return None
+    return max(0, int((memory.available - MEMORY_RESERVE * memory.total) // largest))
+
+
+def default_cap(max_workers: int | None) -> int:
+    """The most workers "auto" may run: ``max_workers``, else the usable cores."""
+    return max_workers if max_workers is not None else max(1, len(usable_cpus()) or (os.cpu_count() or 1))
