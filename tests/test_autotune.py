@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 from shmload import DataLoader
-from shmload._session.autotune import FIRST_BAR, MIN_BATCHES, MIN_WINDOW, Policy, Window, enough
+from shmload._session.autotune import (
+    FIRST_BAR,
+    MANY_BATCHES,
+    MIN_BATCHES,
+    MIN_WINDOW,
+    SHORT_WINDOW,
+    Policy,
+    Window,
+    enough,
+)
 from shmload.testing import flatten, run, script_workers
 
 from .helpers import AugmentedDataset, DyingDataset, RangeDataset, rows_under_interrupts
@@ -100,8 +109,10 @@ def test_the_count_never_leaves_one_to_the_cap():
 
 
 def test_a_window_is_long_enough_by_time_and_batches():
-    assert not enough(MIN_WINDOW / 2, 100)
+    assert not enough(SHORT_WINDOW / 2, 1000)
     assert not enough(MIN_WINDOW, MIN_BATCHES - 1)
+    assert not enough(SHORT_WINDOW, MANY_BATCHES - 1)
+    assert enough(SHORT_WINDOW, MANY_BATCHES)
     assert enough(MIN_WINDOW, MIN_BATCHES)
     assert enough(10.0, 1)  # slow batches: a long window decides with one
 

@@ -3,7 +3,9 @@ measured (pure: no clock, no process; ``scaling.py`` measures and applies).
 
 NOTE [ How the worker count is chosen ]
 The count changes only between *windows* of at least :data:`MIN_WINDOW` seconds and
-:data:`MIN_BATCHES` delivered batches, each measured with the count fixed. From a window:
+:data:`MIN_BATCHES` delivered batches (or :data:`SHORT_WINDOW` and :data:`MANY_BATCHES`:
+fast batches measure well sooner, and the first epoch should not run long on one
+worker), each measured with the count fixed. From a window:
 
 * the consumer's *wait*: its time in ``next()`` over its whole time (the data stall);
 * the workers' *busy*: their seconds loading, over the active workers' time;
@@ -33,6 +35,7 @@ from typing import NamedTuple
 
 MIN_WINDOW = 0.25  # seconds between decisions, at least
 MIN_BATCHES = 4  # batches delivered between decisions, at least (unless MAX_WINDOW passed)
+SHORT_WINDOW, MANY_BATCHES = 0.1, 16  # ...or this many in this long: fast batches decide sooner
 MAX_WINDOW = 3.0  # a window this long decides with any batch delivered
 WAIT_GROW = 0.10  # the consumer waits this share of its time or more: data-bound
 WAIT_SHRINK = 0.05  # below this the consumer is not held back by loading
@@ -74,7 +77,8 @@ class Probe(NamedTuple):
 
 def enough(seconds: float, batches: int) -> bool:
     """Is a window of ``seconds`` and ``batches`` long enough to decide on?"""
-    return (seconds >= MIN_WINDOW and batches >= MIN_BATCHES) or (seconds >= MAX_WINDOW and batches > 0)
+    return ((seconds >= MIN_WINDOW and batches >= MIN_BATCHES) or (seconds >= SHORT_WINDOW and batches >= MANY_BATCHES)
+            or (seconds >= MAX_WINDOW and batches > 0))
 
 
 class Policy:
