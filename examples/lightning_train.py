@@ -1,6 +1,6 @@
 """PyTorch Lightning over shmload: fit(), exact mid-epoch resume, and DDP without a sampler.
 
-    python examples/lightning_train.py [--epochs 2] [--samples 96] [--batch-size 8] [--workers 2]
+    python examples/lightning_train.py [--epochs 2] [--samples 96] [--batch-size 8] [--workers 2|auto]
                                        [--devices 1] [--strategy auto|ddp_spawn]
                                        [--checkpoint-at STEP --checkpoint PATH] [--resume PATH]
                                        [--model-checkpoint DIR [--every-n-train-steps N]] [--record PREFIX]
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=lambda v: v if v == "auto" else int(v), default=2,
+                        help='a count, or "auto": the loader sizes itself as it runs')
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--strategy", default="auto", help="auto, or ddp_spawn with --devices 2")
     parser.add_argument("--checkpoint-at", type=int, default=None, metavar="STEP")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -278,3 +279,28 @@ def test_the_cap_defaults_to_the_usable_cores():
     cfg = loader._config()
     assert cfg.auto_workers and cfg.num_workers == len(os.sched_getaffinity(0))
     assert np.array_equal(np.concatenate([b for b in DataLoader(RangeDataset(8), batch_size=2)]), np.arange(8))
+
+
+def test_a_worker_parked_long_enough_exits_and_its_id_starts_again_when_needed(monkeypatch):
+    """A stopped worker's process stays scaling.PARKED seconds (0 here), then exits; the
+    count coming back starts a new process for its id, and the batches do not change."""
+    from shmload._session import scaling
+    monkeypatch.setattr(scaling, "PARKED", 0.0)
+    expected, _ = run(DataLoader(RangeDataset(120), batch_size=2, seed=5), 1)
+    loader = DataLoader(RangeDataset(120), batch_size=2, seed=5, num_workers="auto", max_workers=3,
+                        persistent_workers=True, timeout=30)
+    script_workers(loader, {0: 3, 8: 1, 40: 3})
+    got = []
+    with loader:
+        for seq, b in enumerate(loader):
+            got.append(flatten(b))
+            if seq == 4:
+                first = [h.pid for h in loader._sessions.persistent.supervisor.workers]
+            if 8 <= seq < 40:
+                time.sleep(0.01)  # ticks of the tuner (every 50 ms) while workers 1 and 2 are parked
+            if seq == 39:
+                stopped = [h.stopped for h in loader._sessions.persistent.supervisor.workers]
+        last = [h.pid for h in loader._sessions.persistent.supervisor.workers]
+    assert got == expected
+    assert stopped == [False, True, True]
+    assert len(first) == len(last) == 3 and last[0] == first[0] and set(last[1:]).isdisjoint(first)

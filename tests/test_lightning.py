@@ -62,6 +62,16 @@ def test_a_run_resumed_from_a_mid_epoch_checkpoint_trains_on_exactly_the_same_ba
     assert seen(tmp_path, "run") == reference  # sample ids and augmentations, step for step
 
 
+def test_num_workers_auto_trains_on_the_same_batches_and_resumes_mid_epoch(tmp_path, reference):
+    """num_workers="auto" under Lightning: the count may change while fit() runs, and the
+    checkpoint's loader state (with the count it ran last) resumes exactly."""
+    ckpt = str(tmp_path / "auto.ckpt")
+    fit(tmp_path, "auto", "--epochs", "2", "--workers", "auto", "--checkpoint-at", "5", "--checkpoint", ckpt)
+    assert seen(tmp_path, "auto") == reference[:5]
+    fit(tmp_path, "auto", "--epochs", "2", "--workers", "auto", "--resume", ckpt)
+    assert seen(tmp_path, "auto") == reference
+
+
 @pytest.mark.parametrize("every", [None, STEPS_PER_EPOCH], ids=["at-epoch-end", "on-the-epochs-last-step"])
 def test_a_run_resumed_from_lightnings_usual_checkpoint_after_an_epoch_trains_on_the_same_batches(tmp_path,
                                                                                                    reference, every):

@@ -110,14 +110,16 @@ def test_consumer_clock_totals_survive_more_calls_than_it_keeps():
 
 
 def _stats(num_workers=2, cores=2, stall=0.0, step=1.0, batches=100, fetch=0.5, collate=0.1, other=0.05,
-           wait=0.0, prefetch=2, cpu=None, machine_cpu=None, dataset=None) -> LoaderStats:
+           wait=0.0, prefetch=2, cpu=None, machine_cpu=None, dataset=None, auto=None) -> LoaderStats:
+    """``auto``: num_workers="auto"'s cap (the counts went 1, then ``num_workers``)."""
     """``cpu``: CPU seconds of each process of the loader; ``machine_cpu``: of all processes."""
     per = max(1, num_workers)
     workers = tuple(WorkerStats(i if num_workers else -1, 1000 + i, batches // per, batches // per * 4, 0, wait / per,
                                 fetch / per, collate / per, other / per, cpu) for i in range(per))
     main = MainStats(1, batches, 0, stall, step, cpu)
     return LoaderStats(stall + step, num_workers, cores, prefetch, main, workers, None, machine_cpu=machine_cpu,
-                       dataset=dataset)
+                       dataset=dataset, worker_counts=((0.0, 1), (0.3, num_workers)) if auto else None,
+                       max_workers=auto)
 
 
 @pytest.mark.pure
@@ -133,6 +135,26 @@ def test_data_bound_on_every_core_names_the_stage_to_speed_up():
     text = diagnose(_stats(num_workers=2, cores=2, stall=3.0, step=0.1, fetch=0.1, collate=0.5, other=0.05))
     assert "DATA-BOUND" in text and "speed up collate and the copy into the slot" in text
     assert "2 workers already use the 2 usable cores" in text
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("running, cap, says", [
+    (2, 8, r"it runs 2 of at most 8: it adds workers only while a core is free"),
+    (2, 2, r"it runs its cap of 2 \(max_workers\); about 7 would keep up, so raise max_workers"),
+])
+def test_data_bound_with_auto_workers_says_why_the_count_is_what_it_is(running, cap, says):
+    text = diagnose(_stats(num_workers=running, cores=8, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05,
+                           auto=cap))
+    assert "DATA-BOUND" in text and re_search(says, text) and "Recommendation: num_workers=" not in text
+    assert "num_workers='auto' (at most {}): 1 at 0.00 s, {} at 0.30 s".format(cap, running) in str(
+        _stats(num_workers=running, cores=8, stall=3.0, step=0.1, auto=cap))
+
+
+@pytest.mark.pure
+def test_consumer_bound_with_auto_workers_recommends_no_count():
+    text = diagnose(_stats(num_workers=4, cores=8, stall=0.01, step=2.0, fetch=0.05, collate=0.01, other=0.005,
+                           wait=5.0, auto=4))
+    assert "CONSUMER-BOUND" in text and "would keep up" not in text
 
 
 @pytest.mark.pure

@@ -9,13 +9,15 @@ message (:func:`check_supported`); ``num_workers=0`` works everywhere.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import mmap
 import multiprocessing
 import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import ShmloadError
 
@@ -103,6 +105,26 @@ def too_many_files(exc: BaseException) -> ShmloadError:
         f"this process has run out of file descriptors ({exc}); its limit (ulimit -n) is {limit}. The loader "
         "holds one per shared-memory segment and a few per worker. Raise the limit (ulimit -n 65536, or "
         "resource.setrlimit(resource.RLIMIT_NOFILE, ...) up to the hard limit), or use fewer workers.")
+
+
+@contextlib.contextmanager
+def fd_limit_named() -> Iterator[None]:
+    """Turn EMFILE/ENFILE into :func:`too_many_files`'s error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise too_many_files(exc) from None
+        raise
+
+
+def check_can_start_children() -> None:
+    """A daemonic process (a worker of another loader) may not have children: say so."""
+    if multiprocessing.current_process().daemon:
+        raise ShmloadError(
+            "this loader cannot start worker processes: it runs inside a daemonic process (for example "
+            "a worker of another loader), which may not have children. Use num_workers=0 for a loader "
+            "created inside a dataset.")
 
 
 # ---------------------------------------------------------------- noticing a worker's death

@@ -13,7 +13,8 @@ from .._transport.channel import Channel
 class WorkerHandle:
     """One worker process, from its start to its reaping (supervisor.py)."""
 
-    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events", "reaped", "death_fd")
+    __slots__ = ("id", "process", "channel", "pid", "ready", "exited", "exitcode", "events", "reaped", "death_fd",
+                 "stopped")
 
     def __init__(self, wid: int, process: Any, channel: Channel):
         self.id = wid
@@ -26,6 +27,7 @@ class WorkerHandle:
         self.events = 0  # what the selector waits for on the channel (0: not registered)
         self.reaped = False  # joined and its Process closed, by shutdown()
         self.death_fd = -1  # readable once the process has exited (_platform.death_watch)
+        self.stopped = False  # asked to exit while the session runs on (num_workers="auto": scaling.py)
 
     def forget_death_fd(self) -> None:
         if self.death_fd >= 0 and self.death_fd != self.process.sentinel:

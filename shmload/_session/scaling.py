@@ -10,12 +10,14 @@ a task back:
 
 * **stop**: the highest ids stop being given tasks. Each finishes and returns what it
   holds, through the usual path, so nothing is lost or loaded twice; then it waits on its
-  empty queue, using no CPU. Its process stays (its memory too) until the session
-  closes, so that a count coming back costs no start-up.
-* **start**: an id never started gets its process now (and the ring's segments and the
-  board, as a restarted worker does); it is given tasks only once it has said it is
-  ready, so that no batch waits behind a worker still importing (spawn takes seconds).
-  An id stopped earlier is given tasks again at once.
+  empty queue, using no CPU. Its process stays :data:`PARKED` seconds, so that a count
+  coming back soon costs no start-up; then, holding nothing, it is asked to exit
+  (``Supervisor.stop``: not watched any more, so its exit is no death) and its memory
+  is given back. It is reaped when its id starts again or the session closes.
+* **start**: an id never started, or whose process exited, gets a process now (and the
+  ring's segments and the board, as a restarted worker does); it is given tasks only
+  once it has said it is ready, so that no batch waits behind a worker still importing
+  (spawn takes seconds). An id whose process is parked is given tasks again at once.
 
 What a batch holds never depends on which worker loads it (its seed is its position:
 seeding.py; spans split it by rows: parts.py), so the batches are the same as with any
@@ -37,6 +39,7 @@ from .dispatch import Dispatcher
 from .pacing import busy
 
 POLL = 0.05  # seconds between looks at a window that is not long enough yet
+PARKED = 10.0  # seconds a worker given no task keeps its process, for a count that comes back
 MEMORY_RESERVE = 0.10  # of the machine's memory, left free when starting workers
 
 
@@ -46,10 +49,11 @@ class Scaling:
     def __init__(self, dispatcher: Dispatcher, count: int):
         self._dispatcher = dispatcher
         self.target = count
+        self.parked: dict[int, float] = {}  # worker id -> since when it is given no task
         for wid in range(count, dispatcher.num_workers):
             dispatcher.accept(wid, False)
 
-    def set(self, count: int, supervisor: Any, attach: Callable[[int], None]) -> None:
+    def set(self, count: int, supervisor: Any, attach: Callable[[int], None], now: float) -> None:
         """Run ``count`` workers; a worker started now is ``attach``-ed to the shared memory."""
         d, started = self._dispatcher, supervisor.workers
         self.target = count = max(1, min(count, d.num_workers))
@@ -57,11 +61,24 @@ class Scaling:
             if wid >= count:
                 if d.accepting[wid]:
                     d.accept(wid, False)
+                    self.parked[wid] = now
             elif not d.accepting[wid]:
+                self.parked.pop(wid, None)
                 if wid >= len(started):
                     attach(supervisor.add().id)  # (ids start in order: this one is the next)
+                elif started[wid].stopped:
+                    supervisor.restart(wid)  # (a new process, given tasks once ready)
+                    attach(wid)
                 elif started[wid].ready and not started[wid].exited:
                     d.accept(wid, True)
+
+    def stop_parked(self, supervisor: Any, now: float) -> None:
+        """End the processes of workers given no task for :data:`PARKED` seconds, once they
+        hold none: a count that went down and stayed down gives back their memory."""
+        for wid, since in list(self.parked.items()):
+            if now - since >= PARKED and not self._dispatcher.holds(wid):
+                del self.parked[wid]
+                supervisor.stop(wid)
 
     def ready(self, wid: int) -> None:
         """Worker ``wid`` said it is ready: it takes tasks if it is among the target."""
@@ -106,8 +123,10 @@ class Tuner:
         return self.policy.count
 
     def starting(self, now: float) -> int:
-        """A session starts: the count it runs first."""
+        """A session starts: the count it runs first. A probe not yet judged is dropped:
+        the new workers' first batches are no measure of it."""
         self._session, self._base = None, None
+        self.policy.probe = None
         self._note(now, self.count)
         return self.count
 
@@ -117,10 +136,12 @@ class Tuner:
             count = self.script.get(seq)
             if count is not None:
                 self._apply(session, count, now)
-            return
         if now < self.due:
             return
         self.due = now + POLL
+        session.scaling.stop_parked(session.supervisor, now)
+        if self.script is not None:
+            return
         if session is not self._session or self._base is None:
             if session.scaling.settled:
                 self._session, self._base = session, self._measure(session, profile, now)
@@ -140,7 +161,7 @@ class Tuner:
         count = max(1, min(count, self.cap))
         self.policy.count = count
         if count != session.scaling.target:
-            session.set_workers(count)
+            session.set_workers(count, now)
             self._note(now, count)
 
     def _note(self, now: float, count: int) -> None:
@@ -154,12 +175,15 @@ class Tuner:
                       machine_cpu_seconds(self._cpus))
 
     def _window(self, a: Totals, b: Totals, session: Any) -> Window:
-        seconds = b.at - a.at
+        """The window from ``a`` to ``b``. Its length is the consumer's time (in next() and
+        between calls), not the clock's: the time between two epochs (a validation loop,
+        a checkpoint) is no one's, and would make a probe's rate look worse than it was."""
+        wall, stall, step = b.at - a.at, b.stall - a.stall, b.step - a.step
         free = None
-        if a.machine is not None and b.machine is not None and seconds > 0:
-            free = len(self._cpus) - (b.machine - a.machine) / seconds
-        return Window(seconds, b.batches - a.batches, b.stall - a.stall, b.step - a.step, b.busy - a.busy, free,
-                      room_for(session.worker_pids()))
+        if a.machine is not None and b.machine is not None and wall > 0:
+            free = len(self._cpus) - (b.machine - a.machine) / wall
+        return Window(stall + step, b.batches - a.batches, stall, step, (b.busy - a.busy) * (stall + step) / wall
+                      if wall > 0 else 0.0, free, room_for(session.worker_pids()))
 
 
 def room_for(pids: dict[int, int]) -> int | None:

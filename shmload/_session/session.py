@@ -134,8 +134,8 @@ class Session:
         return self.scaling.target, self.dispatcher.per_worker, self.ring.num_slots, self.ring.slot_bytes
 
     # ------------------------------------------------------------ num_workers="auto" (scaling.py)
-    def set_workers(self, count: int) -> None:  # (NOTE [ Changing the count mid-epoch ])
-        self.scaling.set(count, self.supervisor, self._attach_all)
+    def set_workers(self, count: int, now: float) -> None:  # (NOTE [ Changing the count mid-epoch ])
+        self.scaling.set(count, self.supervisor, self._attach_all, now)
 
     def _attach_all(self, wid: int) -> None:  # a started or restarted worker: the board and the ring
         self._maps.attach_all(self.supervisor, wid, self.ring.segments())

@@ -17,8 +17,6 @@ two seconds, never waited on forever."""
 
 from __future__ import annotations
 
-import errno
-import multiprocessing
 import multiprocessing.forkserver
 import selectors
 import socket
@@ -35,7 +33,6 @@ from .._transport.channel import Channel
 from .._transport.control import ControlBlock
 from .._transport.messages import AttachControl, Shutdown
 from .._transport.shm import Segment
-from ..errors import ShmloadError
 from .handle import WorkerHandle
 from .shipping import PerWorker
 
@@ -51,11 +48,7 @@ class Supervisor:
                  stream_shuffle: StreamShuffle | None = None, shm_backend: str = "memfd", start: int | None = None):
         # (``num_workers`` ids, the first ``start`` started now, the next by add(): scaling.py)
         _platform.check_supported(num_workers)
-        if multiprocessing.current_process().daemon:
-            raise ShmloadError(
-                "this loader cannot start worker processes: it runs inside a daemonic process (for example "
-                "a worker of another loader), which may not have children. Use num_workers=0 for a loader "
-                "created inside a dataset.")
+        _platform.check_can_start_children()
         self.ctx = ctx
         self._selector = selectors.PollSelector()  # poll(2): no kernel object a fork could share
         self._control_segment: Segment | None = None
@@ -99,12 +92,8 @@ class Supervisor:
         return self._control
 
     def _start(self, wid: int, args: WorkerArgs) -> WorkerHandle:
-        try:
+        with _platform.fd_limit_named():
             return self._start_process(wid, args)
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                raise _platform.too_many_files(exc) from None
-            raise
 
     def _start_process(self, wid: int, args: WorkerArgs) -> WorkerHandle:
         ours, theirs = socket.socketpair()
@@ -339,15 +328,7 @@ class Supervisor:
         """Stop every worker. Idempotent, so that a shutdown interrupted in its waits is
         finished by the next call (session.py, NOTE [ A close() that did not finish ])."""
         for h in self.workers:
-            if h.channel is None:
-                continue
-            try:
-                if not h.exited and self._control is not None:
-                    self._control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: the escalation below)
-            finally:
-                if not h.exited:
-                    self._retire(h)
-                self._close_channel(h)
+            self._ask_to_exit(h)
         self._reap(JOIN_TIMEOUT)
         for escalate in ("terminate", "kill"):
             stuck = [h for h in self.workers if not h.reaped]
@@ -361,6 +342,22 @@ class Supervisor:
             self._control.close()
         if self._control_segment is not None:
             self._control_segment.close()
+
+    def stop(self, wid: int) -> None:
+        """Ask worker ``wid``, holding no task, to exit (scaling.py): no death; reaped later."""
+        self._ask_to_exit(self.workers[wid])
+        self.workers[wid].stopped = True
+
+    def _ask_to_exit(self, h: WorkerHandle) -> None:
+        if h.channel is None:
+            return
+        try:
+            if not h.exited and self._control is not None:
+                self._control.tasks[h.id].put(*wire.encode_to_worker(Shutdown()))  # (full: EOF, and the escalation)
+        finally:
+            if not h.exited:
+                self._retire(h)
+            self._close_channel(h)  # end-of-file: a worker that missed the message exits too
 
     def _reap(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.

@@ -67,8 +67,25 @@ def _load_in_workers(s: LoaderStats, top: str) -> list[str]:
     return parts
 
 
+def _auto_busy(s: LoaderStats, top: str) -> list[str]:
+    """Data-bound with num_workers="auto", the workers busy: the count is the loader's."""
+    _, _, util, needed = _figures(s)
+    cap = s.max_workers or s.num_workers
+    if s.num_workers < cap:
+        why = (f"it runs {s.num_workers} of at most {cap}: it adds workers only while a core is free and an "
+               "addition raises the rate, so the cores (or other programs) are the limit")
+    else:
+        why = f"it runs its cap of {cap} (max_workers)" + (
+            f"; about {needed} would keep up, so raise max_workers if cores are free" if needed and needed > cap
+            else "")
+    return [f"Recommendation: speed up {stage_advice(top, s.dataset)}. The workers are busy {100 * util:.0f}% "
+            f"of the time, and num_workers='auto' chose its count: {why}."]
+
+
 def _busy_workers(s: LoaderStats, top: str) -> list[str]:
     """Data-bound, the workers busy: more of them if that helps and fits, else a faster stage."""
+    if s.worker_counts is not None:
+        return _auto_busy(s, top)
     worker_ms, step_ms, util, needed = _figures(s)
     room = s.cores - s.num_workers
     if needed is not None and needed > s.num_workers and room > 0:
@@ -105,7 +122,7 @@ def _consumer_bound(s: LoaderStats, stage_line: str) -> list[str]:
     worker_ms, step_ms, _, needed = _figures(s)
     parts = [f"diagnosis: CONSUMER-BOUND. Loading is hidden behind the consumer's own work: it waits for "
              f"data only {100 * s.stall_fraction:.0f}% of its time.", stage_line]
-    if s.num_workers != 0 and needed is not None and needed < s.num_workers:
+    if s.num_workers != 0 and needed is not None and needed < s.num_workers and s.worker_counts is None:
         return parts + [f"Recommendation: num_workers={needed} would keep up and free {s.num_workers - needed} "
                         f"core(s): a batch costs a worker {worker_ms:.2f} ms and the consumer {step_ms:.2f} ms."]
     return parts + ["Recommendation: nothing to change in the loader; speed up the training step itself."]
