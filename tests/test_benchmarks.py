@@ -132,3 +132,24 @@ def test_the_competing_process_of_a_contended_run_stops_with_its_block_also_on_a
         raise RuntimeError("a failed measurement")
     assert proc.poll() is not None and busy.proc is None
     assert busy.cores is not None and 0 <= busy.cores <= 1.1
+
+
+@pytest.mark.pure
+def test_autotune_compares_auto_with_the_best_fixed_count_of_each_round():
+    from benchmarks.autotune import summarize
+
+    def runs(rates, count, cpu=1.0):
+        return [{"rate": r, "batches": 10, "cpu": cpu, "count": count, "changes": [[0.0, count]]} for r in rates]
+
+    rounds = [{"configs": {"1": runs([10, 10, 10], 1), "2": runs([20, 18, 22], 2, cpu=2.0),
+                           "auto": runs([16, 20, 19], 2, cpu=1.5)}},
+              {"configs": {"1": runs([10, 10, 10], 1), "2": runs([10, 10, 10], 2, cpu=2.0),
+                           "auto": runs([9, 10, 10], 1)}}]
+    s = summarize(rounds, "2")
+    assert s["best_fixed"] == "2" and s["best_fixed_each_round"] == ["2", "1"]  # round 2: a tie, the first wins
+    assert s["first_ratios"] == pytest.approx([0.8, 0.9]) and s["later_ratios"] == pytest.approx([0.975, 1.0])
+    assert s["first_ratio"] == pytest.approx(0.85) and s["later_ratio"] == pytest.approx(0.9875)
+    assert s["later_ratio_of_medians"] == pytest.approx(14.75 / 15)  # medians over rounds: auto's, fixed 2's
+    assert s["settled"] == [2, 1] and s["auto_counts"] == [[2, 2, 2], [1, 1, 1]]
+    assert s["cpu_ms_later"] == {"auto": pytest.approx(125), "2": pytest.approx(200)}
+    assert s["cpu_saving_later"] == pytest.approx(0.375)  # rounds: 1 - 1.5/2, 1 - 1/2
