@@ -297,7 +297,7 @@ def test_a_worker_parked_long_enough_exits_and_its_id_starts_again_when_needed(m
             if seq == 4:
                 first = [h.pid for h in loader._sessions.persistent.supervisor.workers]
             if 8 <= seq < 40:
-                time.sleep(0.01)  # ticks of the tuner (every 50 ms) while workers 1 and 2 are parked
+                time.sleep(0.02)  # ticks of the tuner (every 50 ms) while workers 1 and 2 are parked
             if seq == 39:
                 stopped = [h.stopped for h in loader._sessions.persistent.supervisor.workers]
         last = [h.pid for h in loader._sessions.persistent.supervisor.workers]

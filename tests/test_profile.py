@@ -444,13 +444,17 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_plot_draws_a_png(tmp_path):
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_plot_draws_a_png(tmp_path, workers):
+    """With num_workers="auto" the count over time is drawn too, on an axis of its own."""
     pytest.importorskip("matplotlib")
-    loader = shmload.DataLoader(SleepyDataset(32, 0.001), batch_size=4, num_workers=2, timeout=30)
+    loader = shmload.DataLoader(SleepyDataset(32, 0.001), batch_size=4, num_workers=workers, timeout=30)
     for _ in loader:
         pass
     path = tmp_path / "profile.png"
-    loader.stats().plot(str(path))
+    stats = loader.stats()
+    assert (stats.worker_counts is not None) is (workers == "auto")
+    stats.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

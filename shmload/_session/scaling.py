@@ -34,7 +34,7 @@ import psutil
 
 from .._core._platform import usable_cpus
 from ..profiler.profile import machine_cpu_seconds
-from .autotune import Policy, Window, enough
+from .autotune import WAIT_GROW, Policy, Window, enough
 from .dispatch import Dispatcher
 from .pacing import busy
 
@@ -146,11 +146,11 @@ class Tuner:
             if session.scaling.settled:
                 self._session, self._base = session, self._measure(session, profile, now)
             return
+        base, (batches, _, stall, step) = self._base, profile.consumer.figures()
+        if not enough(stall + step - base.stall - base.step, batches - base.batches):
+            return  # (the workers' counters and the machine's are read only for a whole window)
         totals = self._measure(session, profile, now)
-        window = self._window(self._base, totals, session)
-        if not enough(window.seconds, window.batches):
-            return
-        count = self.policy.decide(window)
+        count = self.policy.decide(self._window(base, totals, session))
         if count != session.scaling.target:
             self._apply(session, count, now)
             self._base = None  # the next window begins once the change is in effect
@@ -182,8 +182,11 @@ class Tuner:
         free = None
         if a.machine is not None and b.machine is not None and wall > 0:
             free = len(self._cpus) - (b.machine - a.machine) / wall
-        return Window(stall + step, b.batches - a.batches, stall, step, (b.busy - a.busy) * (stall + step) / wall
-                      if wall > 0 else 0.0, free, room_for(session.worker_pids()))
+        seconds = stall + step
+        busy = (b.busy - a.busy) * seconds / wall if wall > 0 else 0.0  # (the workers' share of the clock's time)
+        # memory is read only when a worker might be added: psutil costs ~30 us a process
+        room = room_for(session.worker_pids()) if stall >= WAIT_GROW * seconds and self.count < self.cap else None
+        return Window(seconds, b.batches - a.batches, stall, step, busy, free, room)
 
 
 def room_for(pids: dict[int, int]) -> int | None:
