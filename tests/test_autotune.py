@@ -248,7 +248,8 @@ def test_auto_is_refused_for_an_iterable_source():
     ({"num_workers": -1}, r"num_workers option should be non-negative"),
     ({"num_workers": "auto", "max_workers": 0}, r"max_workers should be a positive integer or None, but got "
                                                 r"max_workers=0"),
-    ({"num_workers": 2, "max_workers": 3}, r"max_workers is the cap of num_workers='auto', but got num_workers=2"),
+    ({"num_workers": 2, "max_workers": 3}, r"max_workers is the cap of num_workers='auto', but got num_workers=2: "
+                                           r"pass num_workers='auto', or leave max_workers out"),
 ])
 def test_bad_worker_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -256,13 +257,31 @@ def test_bad_worker_settings_are_named(kwargs, message):
 
 
 def test_a_state_with_a_bad_count_is_refused_and_changes_nothing():
-    loader = DataLoader(RangeDataset(8), batch_size=2, num_workers="auto", seed=3)
-    state = loader.state_dict()
-    assert "workers" not in state  # no epoch has run: nothing chosen yet
+    saved = DataLoader(RangeDataset(8), batch_size=2, shuffle=True, seed=3)
+    assert "workers" not in saved.state_dict()  # a fixed count saves none
+    for _ in range(3):
+        list(saved)
+    state = saved.state_dict()  # at epoch 3: loading it moves a sampler
+    loader = DataLoader(RangeDataset(8), batch_size=2, shuffle=True, num_workers="auto", seed=3)
+    fresh = [b.tolist() for b in DataLoader(RangeDataset(8), batch_size=2, shuffle=True, seed=3)]
     with pytest.raises(ValueError, match=r"state\['workers'\] should be a positive integer, but got "
                                          r"state\['workers'\]=0"):
         loader.load_state_dict({**state, "workers": 0, "seed": 4})
-    assert loader.seed == 3 and loader._sessions.first_count is None
+    assert loader.seed == 3 and loader._sessions.first_count is None and loader.sampler.epoch == 0
+    with loader:
+        assert [b.tolist() for b in loader] == fresh  # epoch 0, as if nothing had been loaded
+
+
+def test_an_auto_loader_reports_before_its_first_epoch_and_can_be_given_a_count_later():
+    loader = DataLoader(RangeDataset(8), batch_size=2, num_workers="auto", max_workers=3)
+    stats = loader.stats(memory=False)
+    assert (stats.num_workers, stats.max_workers, stats.worker_counts) == (1, 3, ())
+    assert "num_workers='auto' (at most 3): no worker started yet" in str(stats)
+    assert "num_workers='auto'" in repr(loader)
+    loader.num_workers = 2  # max_workers is then unused, not an error
+    with loader:
+        assert np.concatenate(list(loader)).tolist() == list(range(8))
+    assert loader.stats(memory=False).worker_counts is None
 
 
 def test_script_workers_needs_an_auto_loader_and_sane_counts():

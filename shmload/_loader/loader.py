@@ -69,13 +69,13 @@ class DataLoader(Stateful):
                  split_batches: bool | None = None, batch_parts: int = DEFAULT_PARTS,
                  shuffle_buffer: int | None = None, shm_backend: str | None = None, elastic: bool = False,
                  max_workers: int | None = None):
-        user_dataset = dataset
-        dataset, iterable = classify(dataset)
+        user_dataset, (dataset, iterable) = dataset, classify(dataset)
         check_shuffle_buffer(shuffle_buffer, iterable)
         if iterable:
             check_stream_options(shuffle, sampler, batch_sampler, shuffle_buffer)
         batch_size, drop_last = check_arguments(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
-                                                prefetch_factor, seed, generator, multiprocessing_context, distributed)
+                                                prefetch_factor, seed, generator, multiprocessing_context, distributed,
+                                                max_workers)
         elastic = check_elastic(elastic, iterable, batch_size, sampler, batch_sampler, in_order, distributed)
         if iterable:
             shuffle = None  # (taken with a shuffle buffer: the stream is not ordered by a sampler)
@@ -324,13 +324,13 @@ class DataLoader(Stateful):
         memory map (PSS/USS) now, which takes a few milliseconds per process; each worker's
         USS over time, sampled all along (profiler/memory.py), is reported either way."""
         live = [s for s in self._sessions.live if not s.closed]  # (its ring's backend, if settings changed since)
-        cfg, tuner = live[-1].cfg if live else self._config(), self._sessions.tuner
-        tuner = tuner if cfg.auto_workers else None
-        return self._sessions.profile.snapshot(tuner.count if tuner else cfg.num_workers,
-                                               self.prefetch_factor or DEFAULT_PREFETCH, memory=memory,
-                                               dataset=self.dataset, shm_backend=cfg.shm_backend,
-                                               counts=tuner.history if tuner else None,
-                                               max_workers=cfg.num_workers if tuner else None)
+        cfg, pool = live[-1].cfg if live else self._config(), self._sessions
+        auto = cfg.auto_workers  # (before any epoch: the count it will start with, and no change yet)
+        running = (pool.tuner.count if pool.tuner else pool.first_count or 1) if auto else cfg.num_workers
+        return pool.profile.snapshot(running, self.prefetch_factor or DEFAULT_PREFETCH, memory=memory,
+                                     dataset=self.dataset, shm_backend=cfg.shm_backend,
+                                     counts=(pool.tuner.history if pool.tuner else []) if auto else None,
+                                     max_workers=cfg.num_workers if auto else None)
 
     def reset_stats(self) -> None:
         """Start a new profile window now (``loader.stats().reset()`` does the same)."""
@@ -375,7 +375,7 @@ class DataLoader(Stateful):
             ring = live[-1].describe_ring() if live else "no workers running"
             where = f"start_method={method!r}, {ring}"
         return (f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
-                f"num_workers={self.num_workers}, prefetch_factor={self.prefetch_factor}, "
+                f"num_workers={self.num_workers!r}, prefetch_factor={self.prefetch_factor}, "
                 f"persistent_workers={self.persistent_workers}, seed={self.seed}, output={self.output!r}; "
                 f"{where})")
 

@@ -102,6 +102,9 @@ class Stateful:
         state is still the saved one. ``loader.set_epoch(n)`` with another epoch than
         the saved one cancels the resume."""
         state = _resume.check(state, "iterable" if self._iterable else "map")  # its whole shape
+        workers = state.get("workers")  # num_workers="auto"'s count run last (checked before anything changes)
+        if workers is not None:
+            check_int("state['workers']", workers, 1)
         elastic = not self._iterable and _elastic_state.check_elastic(state, self.elastic)
         if not elastic:  # (an elastic position counts samples: any batch size continues it)
             _resume.check_batching(state["batching"], self._batching())
@@ -123,9 +126,6 @@ class Stateful:
             if saved_parts_seed is not None and saved_parts_seed != self._parts_seed:
                 self._parts_seed = saved_parts_seed
                 self._cfg = None
-        workers = state.get("workers")
-        if workers is not None:
-            check_int("state['workers']", workers, 1)
         if state["seed"] != self.seed:
             self.seed = int(state["seed"])
         if workers is not None and self.num_workers == "auto":

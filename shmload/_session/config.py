@@ -114,7 +114,7 @@ def read_settings(loader: Any) -> dict[str, Any]:
 
 def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
                     num_workers: Any, prefetch_factor: Any, seed: Any, generator: Any, multiprocessing_context: Any,
-                    distributed: Any) -> tuple[int | None, bool]:
+                    distributed: Any, max_workers: Any = None) -> tuple[int | None, bool]:
     """The constructor's checks, with torch's rules and words where torch has them; the
     ``batch_size`` and ``drop_last`` the loader takes (None and False with a batch_sampler)."""
     check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
@@ -128,6 +128,9 @@ def check_arguments(batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: 
     if multiprocessing_context is not None and num_workers == 0:  # torch's check and words
         raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
                          f"but got num_workers={num_workers}")
+    if max_workers is not None and num_workers != AUTO:  # (a count set later simply leaves it unused)
+        raise ValueError(f"max_workers is the cap of num_workers='auto', but got num_workers={num_workers!r}: "
+                         "pass num_workers='auto', or leave max_workers out")
     if generator is not None and seed is not None:
         raise ValueError("give seed= or generator=, not both: both choose the loader's random seed")
 
@@ -155,10 +158,7 @@ def check_settings(loader: Any) -> None:
                   also="num_workers option should be non-negative; use num_workers=0 to disable multiprocessing, "
                        "or num_workers='auto'")
     _platform.check_supported(1 if loader.num_workers == AUTO else loader.num_workers)
-    check_int("max_workers", loader.max_workers, 1, allow_none=True)
-    if loader.max_workers is not None and loader.num_workers != AUTO:
-        raise ValueError(f"max_workers is the cap of num_workers='auto', but got num_workers={loader.num_workers!r}: "
-                         "pass num_workers='auto', or leave max_workers out")
+    check_int("max_workers", loader.max_workers, 1, allow_none=True)  # (ignored without "auto": check_arguments)
     check_int("prefetch_factor", loader.prefetch_factor, 1, allow_none=True)
     check_int("seed", loader.seed, 0)
     check_int("slot_bytes", loader.slot_bytes, 1, allow_none=True)

@@ -62,6 +62,7 @@ def plot_stats(stats: Any, path: str, bins: int = 60) -> None:
         right.step([t - origin for t, _ in counts] + [stats.duration], [n for _, n in counts] + [counts[-1][1]],
                    where="post", color="#8172b2", label="workers run")
         right.set_ylim(0, max(n for _, n in counts) + 1)
+        right.yaxis.get_major_locator().set_params(integer=True)  # (a count: whole ticks)
         right.set_ylabel("workers run (num_workers='auto')")
         right.legend(loc="lower right", fontsize="small")
     top.set_ylim(0, 105)

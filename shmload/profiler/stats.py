@@ -134,7 +134,8 @@ class LoaderStats:
     shm_backend: str | None = None  # the ring's segments: "memfd" | "posix"; None without workers
     core: str = "python"  # the default collate's per-sample work: "compiled" (_native.c) | "python"
     # num_workers="auto": (seconds into the window, workers run from then on), the first
-    # at 0; None with a fixed count. ``num_workers`` is then the count run last.
+    # at 0 if the window began after the workers started (else when they started; empty
+    # before any epoch); None with a fixed count. ``num_workers`` is then the count run last.
     worker_counts: tuple[tuple[float, int], ...] | None = None
     max_workers: int | None = None  # "auto"'s cap
 
@@ -261,7 +262,7 @@ def memory_line(trends: list[MemoryTrend]) -> str:
 
 def auto_line(counts: tuple[tuple[float, int], ...], cap: int | None) -> str:
     """num_workers="auto"'s counts over the window: the changes, the last few if many."""
-    steps = [f"{n} at {t:.2f} s" for t, n in counts]
+    steps = [f"{n} at {t:.2f} s" for t, n in counts] or ["no worker started yet"]
     if len(steps) > 8:
         steps = steps[:2] + [f"... ({len(steps) - 6} more)"] + steps[-4:]
     return f"num_workers='auto' (at most {cap}): {', '.join(steps)}"
