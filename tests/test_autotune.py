@@ -320,6 +320,117 @@ def test_a_worker_parked_long_enough_exits_and_its_id_starts_again_when_needed(m
             if seq == 39:
                 stopped = [h.stopped for h in loader._sessions.persistent.supervisor.workers]
         last = [h.pid for h in loader._sessions.persistent.supervisor.workers]
+        stats = loader.stats(memory=False)
     assert got == expected
+    assert all(w.cpu is not None for w in stats.workers) and stats.own_cpu() is not None  # read before they exited
     assert stopped == [False, True, True]
     assert len(first) == len(last) == 3 and last[0] == first[0] and set(last[1:]).isdisjoint(first)
+
+
+def test_a_worker_that_cannot_be_started_leaves_the_count_and_loses_no_batch(monkeypatch):
+    """A start that fails (here: out of file descriptors) never costs the batch being
+    delivered: the count stays where it runs, with a warning, and the epoch goes on."""
+    import errno
+
+    from shmload._session.supervisor import Supervisor
+    real, calls = Supervisor._start_process, []
+
+    def start(self, wid, args):
+        calls.append(wid)
+        if len(calls) > 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(self, wid, args)
+    monkeypatch.setattr(Supervisor, "_start_process", start)
+    expected, _ = run(DataLoader(RangeDataset(40), batch_size=2, seed=5), 1)
+    loader = DataLoader(RangeDataset(40), batch_size=2, seed=5, num_workers="auto", max_workers=3, timeout=30)
+    script_workers(loader, {3: 2, 6: 3})
+    with pytest.warns(Warning, match=r"num_workers='auto' could not change its worker count and stays at 1 for "
+                                     r"this loader \(ShmloadError: this process has run out of file descriptors"):
+        with loader:
+            got, _ = run(loader, 1)
+            assert loader._sessions.tuner.cap == 1
+    assert got == expected
+
+
+def test_the_tuner_keeps_no_closed_session_alive():
+    import gc
+    import weakref
+    loader = DataLoader(RangeDataset(16), batch_size=2, num_workers="auto", timeout=30)
+    it = iter(loader)
+    for b in it:
+        pass
+    session = weakref.ref(it._session)
+    del it, b
+    gc.collect()
+    assert session() is None  # its ring unmapped, its descriptors closed
+    loader.close()
+
+
+def test_a_new_count_loaded_into_a_persistent_loader_is_run_by_its_workers():
+    loader = DataLoader(RangeDataset(16), batch_size=2, num_workers="auto", max_workers=3, persistent_workers=True,
+                        timeout=30)
+    script_workers(loader, {0: 3})
+    with loader:
+        list(loader)
+        state = loader.state_dict()
+        assert state["workers"] == 3 and loader._sessions.persistent.scaling.target == 3
+        script_workers(loader, {})  # no more changes: the loaded count is what runs
+        loader.load_state_dict({**state, "workers": 1})
+        assert [b.tolist() for b in loader] == [[i, i + 1] for i in range(0, 16, 2)]
+        assert loader._sessions.persistent.scaling.target == 1 and loader.state_dict()["workers"] == 1
+        assert loader.stats(memory=False).worker_counts[-1][1] == 1
+
+
+class _Handle:
+    def __init__(self, wid):
+        self.id, self.ready, self.exited, self.stopped, self.pid = wid, False, False, False, 100 + wid
+
+
+class _Supervisor:
+    """What Scaling uses of a supervisor: processes started, stopped, restarted (no process)."""
+
+    def __init__(self, started):
+        self.workers = [_Handle(w) for w in range(started)]
+        self.stops = []
+
+    def add(self):
+        self.workers.append(_Handle(len(self.workers)))
+        return self.workers[-1]
+
+    def stop(self, wid):
+        self.stops.append(wid)
+        self.workers[wid].stopped = self.workers[wid].exited = True
+
+    def restart(self, wid):
+        self.workers[wid] = _Handle(wid)
+
+    def reap_stopped(self):
+        pass
+
+
+def test_workers_dropped_while_still_starting_are_parked_and_stopped_once_ready(monkeypatch):
+    from shmload._session import scaling
+    from shmload._session.dispatch import Dispatcher
+    monkeypatch.setattr(scaling, "PARKED", 0.0)
+    d = Dispatcher(3, 2)
+    sup = _Supervisor(1)
+    sup.workers[0].ready = True
+    s = scaling.Scaling(d, 1)
+    s.set(3, sup, lambda wid: None, now=0.0)
+    assert len(sup.workers) == 3 and d.accepting == [True, False, False] and not s.settled  # starting
+    s.set(1, sup, lambda wid: None, now=1.0)  # dropped before they said they are ready
+    assert s.parked == {1: 1.0, 2: 1.0}
+    s.stop_parked(sup, 2.0, lambda wid, pid: None)
+    assert sup.stops == []  # not while they start
+    for h in sup.workers[1:]:
+        h.ready = True
+        s.ready(h.id)
+    assert d.accepting == [True, False, False]  # ready, but not among the target
+    seen = []
+    s.stop_parked(sup, 3.0, lambda wid, pid: seen.append((wid, pid)))
+    assert sup.stops == [1, 2] and seen == [(1, 101), (2, 102)] and s.parked == {}
+    s.set(2, sup, lambda wid: None, now=4.0)  # a stopped id gets a new process, given tasks once ready
+    assert not sup.workers[1].stopped and d.accepting == [True, False, False]
+    sup.workers[1].ready = True
+    s.ready(1)
+    assert d.accepting == [True, True, False] and s.settled

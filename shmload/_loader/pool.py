@@ -98,6 +98,8 @@ class SessionPool:
             if self.persistent is None or self.persistent.closed:
                 self.persistent = self._session(cfg, tuner)
                 self.live.add(self.persistent)
+            elif tuner is not None and not tuner.runs(self.persistent):  # (a tuner made anew: a loaded count)
+                tuner.attach(self.persistent, time.perf_counter())
             return MultiprocessEpoch(cfg, self.persistent, False, claim, length, loader, self.profile, tuner)
         session = self._session(cfg, tuner)
         try:
@@ -108,8 +110,10 @@ class SessionPool:
             raise
 
     def _session(self, cfg: LoaderConfig, tuner: Tuner | None) -> Session:
-        count = tuner.starting(time.perf_counter()) if tuner is not None else None
-        return Session(cfg, self.restarts, self.profile, workers=count)
+        session = Session(cfg, self.restarts, self.profile, workers=tuner.count if tuner is not None else None)
+        if tuner is not None:
+            tuner.attach(session, time.perf_counter())
+        return session
 
     def _tuner(self, cfg: LoaderConfig) -> Tuner | None:
         """num_workers="auto"'s tuner: the loader's, made again for another cap."""

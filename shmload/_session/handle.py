@@ -7,6 +7,7 @@ import os
 import signal
 from typing import Any
 
+from .._core import _signals
 from .._transport.channel import Channel
 
 
@@ -28,6 +29,21 @@ class WorkerHandle:
         self.reaped = False  # joined and its Process closed, by shutdown()
         self.death_fd = -1  # readable once the process has exited (_platform.death_watch)
         self.stopped = False  # asked to exit while the session runs on (num_workers="auto": scaling.py)
+
+    def reap_if_exited(self) -> bool:
+        """Reap the process if it has exited (waitpid(WNOHANG)); whether it is reaped. Not
+        open to an interrupt: one between waitpid() and multiprocessing's note of it would
+        leave a process that multiprocessing believes alive for ever (NOTE [ Interrupts
+        wait for a window ], _signals.py)."""
+        with _signals.signals_deferred():
+            code = self.process.exitcode
+            if code is not None and not self.reaped:
+                if self.exitcode is None:
+                    self.exitcode = code
+                self.reaped = True
+                self.forget_death_fd()
+                self.process.close()
+        return self.reaped
 
     def forget_death_fd(self) -> None:
         if self.death_fd >= 0 and self.death_fd != self.process.sentinel:

@@ -22,23 +22,28 @@ a task back:
 What a batch holds never depends on which worker loads it (its seed is its position:
 seeding.py; spans split it by rows: parts.py), so the batches are the same as with any
 fixed count, in order. Restarts after a worker's death, split batches and
-``persistent_workers`` see only workers; a stopped one that dies is replaced as any other.
+``persistent_workers`` see only workers; a parked one that dies is replaced as any other.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import warnings
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import psutil
 
 from .._core._platform import usable_cpus
+from ..errors import ShmloadWarning
 from ..profiler.profile import machine_cpu_seconds
 from .autotune import WAIT_GROW, Policy, Window, enough
 from .dispatch import Dispatcher
 from .pacing import busy
 
 POLL = 0.05  # seconds between looks at a window that is not long enough yet
+HISTORY = 4096  # changes of the count kept for the profile
 PARKED = 10.0  # seconds a worker given no task keeps its process, for a count that comes back
 MEMORY_RESERVE = 0.10  # of the machine's memory, left free when starting workers
 
@@ -53,32 +58,29 @@ class Scaling:
         for wid in range(count, dispatcher.num_workers):
             dispatcher.accept(wid, False)
 
-    def set(self, count: int, supervisor: Any, attach: Callable[[int], None], now: float) -> None:
-        """Run ``count`` workers; a worker started now is ``attach``-ed to the shared memory."""
-        d, started = self._dispatcher, supervisor.workers
-        self.target = count = max(1, min(count, d.num_workers))
-        for wid in range(d.num_workers):
-            if wid >= count:
-                if d.accepting[wid]:
-                    d.accept(wid, False)
-                    self.parked[wid] = now
-            elif not d.accepting[wid]:
-                self.parked.pop(wid, None)
-                if wid >= len(started):
-                    attach(supervisor.add().id)  # (ids start in order: this one is the next)
-                elif started[wid].stopped:
+    def set(self, count: int, supervisor: Any, started: Callable[[int], None], now: float) -> None:
+        """Run ``count`` workers; a process started now is passed to ``started`` (to be
+        attached to the shared memory). If a start fails, the count is the workers below
+        it, and the error is raised."""
+        d, handles = self._dispatcher, supervisor.workers
+        count = max(1, min(count, d.num_workers))
+        self.target = min(self.target, count)
+        for wid in range(count, d.num_workers):
+            if d.accepting[wid]:
+                d.accept(wid, False)
+            if wid < len(handles) and not handles[wid].stopped:  # (also one still starting)
+                self.parked.setdefault(wid, now)
+        for wid in range(count):
+            self.parked.pop(wid, None)
+            if not d.accepting[wid]:
+                if wid >= len(handles):
+                    started(supervisor.add().id)  # (ids start in order: this one is the next)
+                elif handles[wid].stopped:
                     supervisor.restart(wid)  # (a new process, given tasks once ready)
-                    attach(wid)
-                elif started[wid].ready and not started[wid].exited:
+                    started(wid)
+                elif handles[wid].ready and not handles[wid].exited:
                     d.accept(wid, True)
-
-    def stop_parked(self, supervisor: Any, now: float) -> None:
-        """End the processes of workers given no task for :data:`PARKED` seconds, once they
-        hold none: a count that went down and stayed down gives back their memory."""
-        for wid, since in list(self.parked.items()):
-            if now - since >= PARKED and not self._dispatcher.holds(wid):
-                del self.parked[wid]
-                supervisor.stop(wid)
+            self.target = wid + 1
 
     def ready(self, wid: int) -> None:
         """Worker ``wid`` said it is ready: it takes tasks if it is among the target."""
@@ -87,8 +89,23 @@ class Scaling:
 
     @property
     def settled(self) -> bool:
-        """Does every worker of the target take tasks (none still starting)?"""
-        return self._dispatcher.active == self.target
+        """Is the count in effect: every worker of the target taking tasks (none still
+        starting), and no worker stopped still finishing tasks it held?"""
+        d = self._dispatcher
+        return d.active == self.target and not any(d.holds(wid) for wid in self.parked)
+
+    def stop_parked(self, supervisor: Any, now: float, stopping: Callable[[int, int], None]) -> None:
+        """End the processes of workers given no task for :data:`PARKED` seconds, once they
+        hold none: a count that went down and stayed down gives back their memory.
+        ``stopping(wid, pid)`` is told first (the profile reads its CPU time)."""
+        for wid, since in list(self.parked.items()):
+            h = supervisor.workers[wid]
+            if now - since >= PARKED and not self._dispatcher.holds(wid) and h.ready:
+                del self.parked[wid]
+                if not h.exited:
+                    stopping(wid, h.pid)
+                    supervisor.stop(wid)
+        supervisor.reap_stopped()
 
 
 class Totals(NamedTuple):
@@ -115,23 +132,44 @@ class Tuner:
         self.history: list[tuple[float, int]] = []  # (time.perf_counter(), count) at each change
         self.due = 0.0
         self._base: Totals | None = None
-        self._session: Any = None
+        # the session and iteration the window belongs to (a weak reference: a closed
+        # session must not be kept alive, with its ring mapped, by its loader's tuner)
+        self._owner: tuple[Callable[[], Any], int] | None = None
+        self._running: Callable[[], Any] = lambda: None  # the session last told the count
+        self._lock = threading.Lock()  # two threads' iterators of one loader (non-persistent sessions)
         self._cpus = usable_cpus()
 
     @property
     def count(self) -> int:
         return self.policy.count
 
-    def starting(self, now: float) -> int:
-        """A session starts: the count it runs first. A probe not yet judged is dropped:
-        the new workers' first batches are no measure of it."""
-        self._session, self._base = None, None
-        self.policy.probe = None
+    def runs(self, session: Any) -> bool:
+        """Was ``session`` started with (or told) this tuner's count?"""
+        return self._running() is session
+
+    def attach(self, session: Any, now: float) -> None:
+        """``session`` runs this tuner's count from now on (a session started with it, or a
+        persistent one kept while the tuner was made anew: a loaded state, a script)."""
+        self._running = weakref.ref(session)
+        self._owner, self._base, self.policy.probe = None, None, None
+        if session.scaling.target != self.count:
+            session.set_workers(self.count, now)
         self._note(now, self.count)
-        return self.count
 
     def on_batch(self, session: Any, profile: Any, seq: int, now: float) -> None:
-        """A batch was delivered: apply the script, or decide if a window is due."""
+        """A batch was delivered: apply the script, or decide if a window is due. Never
+        raises: a worker that cannot be started lowers the cap to the count that runs
+        (with a warning), and the batch is delivered all the same."""
+        if not self._lock.acquire(blocking=False):
+            return  # (another thread's iterator is deciding)
+        try:
+            self._step(session, profile, seq, now)
+        except Exception as exc:
+            self._lower_cap(session, exc)
+        finally:
+            self._lock.release()
+
+    def _step(self, session: Any, profile: Any, seq: int, now: float) -> None:
         if self.script is not None:
             count = self.script.get(seq)
             if count is not None:
@@ -139,14 +177,20 @@ class Tuner:
         if now < self.due:
             return
         self.due = now + POLL
-        session.scaling.stop_parked(session.supervisor, now)
+        session.scaling.stop_parked(session.supervisor, now, profile.worker_stopped)
         if self.script is not None:
             return
-        if session is not self._session or self._base is None:
+        owner, base = self._owner, self._base
+        if owner is None or owner[0]() is not session or owner[1] != session.iteration or base is None:
+            # a new window: once the count is in effect, and in each epoch anew (the time
+            # between epochs is no one's: NOTE [ How the worker count is chosen ])
+            if owner is not None and owner[0]() is session and owner[1] != session.iteration:
+                self.policy.probe = None  # (its window would span the epochs' end)
             if session.scaling.settled:
-                self._session, self._base = session, self._measure(session, profile, now)
+                self._owner = (weakref.ref(session), session.iteration)
+                self._base = self._measure(session, profile, now)
             return
-        base, (batches, _, stall, step) = self._base, profile.consumer.figures()
+        batches, _, stall, step = profile.consumer.figures()
         if not enough(stall + step - base.stall - base.step, batches - base.batches):
             return  # (the workers' counters and the machine's are read only for a whole window)
         totals = self._measure(session, profile, now)
@@ -161,12 +205,23 @@ class Tuner:
         count = max(1, min(count, self.cap))
         self.policy.count = count
         if count != session.scaling.target:
-            session.set_workers(count, now)
-            self._note(now, count)
+            try:
+                session.set_workers(count, now)
+            finally:
+                self.policy.count = session.scaling.target  # (what runs, if a start failed)
+                self._note(now, self.policy.count)
+
+    def _lower_cap(self, session: Any, exc: Exception) -> None:
+        running = max(1, session.scaling.target)
+        self.cap = self.policy.cap = running
+        self.policy.count, self.policy.probe, self._base = running, None, None
+        warnings.warn(f"num_workers='auto' could not change its worker count and stays at {running} for this "
+                      f"loader ({type(exc).__name__}: {exc})", ShmloadWarning, stacklevel=2)
 
     def _note(self, now: float, count: int) -> None:
         if not self.history or self.history[-1][1] != count:
             self.history.append((now, count))
+            del self.history[:-HISTORY]
 
     def _measure(self, session: Any, profile: Any, now: float) -> Totals:
         batches, _, stall, step = profile.consumer.figures()
@@ -175,9 +230,9 @@ class Tuner:
                       machine_cpu_seconds(self._cpus))
 
     def _window(self, a: Totals, b: Totals, session: Any) -> Window:
-        """The window from ``a`` to ``b``. Its length is the consumer's time (in next() and
-        between calls), not the clock's: the time between two epochs (a validation loop,
-        a checkpoint) is no one's, and would make a probe's rate look worse than it was."""
+        """The window from ``a`` to ``b``, within one epoch. Its length is the consumer's
+        time (in next() and between calls), not the clock's: a pause in the loop (another
+        loader's validation pass, a checkpoint) would make a probe's rate look worse."""
         wall, stall, step = b.at - a.at, b.stall - a.stall, b.step - a.step
         free = None
         if a.machine is not None and b.machine is not None and wall > 0:

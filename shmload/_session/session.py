@@ -102,8 +102,7 @@ class Session:
             raise
 
     @property
-    def supervisor(self) -> Supervisor:
-        """The workers; a session that could not start them was closed as it raised."""
+    def supervisor(self) -> Supervisor:  # (a session that could not start its workers was closed as it raised)
         assert self._supervisor is not None, "a session's workers are started by its constructor"
         return self._supervisor
 
@@ -135,9 +134,10 @@ class Session:
 
     # ------------------------------------------------------------ num_workers="auto" (scaling.py)
     def set_workers(self, count: int, now: float) -> None:  # (NOTE [ Changing the count mid-epoch ])
-        self.scaling.set(count, self.supervisor, self._attach_all, now)
+        self.scaling.set(count, self.supervisor, self._started, now)
 
-    def _attach_all(self, wid: int) -> None:  # a started or restarted worker: the board and the ring
+    def _started(self, wid: int) -> None:  # a new process for ``wid``: no layout known, the board and the ring
+        self._layouts.forget(wid)
         self._maps.attach_all(self.supervisor, wid, self.ring.segments())
 
     # ------------------------------------------------------------ depth (pacing.py)
@@ -343,7 +343,7 @@ class Session:
                 held = [(e.task.seq, e.task.load) for e in self.dispatcher.held_by(h.id)]
                 self.close()
                 raise death_error(h, held, self.cfg.max_worker_restarts)
-            self.recovery.restart(h, self.supervisor, self.iteration, self._attach_all)
+            self.recovery.restart(h, self.supervisor, self.iteration, self._started)
 
     def why_waiting(self, seq: int) -> str:
         """What batch ``seq`` of this iteration is waiting for, for time-out messages."""

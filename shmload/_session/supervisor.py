@@ -197,10 +197,11 @@ class Supervisor:
         if not old.exited:
             self._retire(old)
         self._close_channel(old)
-        old.process.join(JOIN_TIMEOUT)  # it has exited (death_fd): this only reaps it, so no zombie stays
-        old.exitcode = old.process.exitcode
-        old.forget_death_fd()
-        old.process.close()
+        if not old.reaped:  # (a stopped worker may have been: reap_stopped)
+            old.process.join(JOIN_TIMEOUT)  # it has exited (death_fd, or stopped): this reaps it, no zombie stays
+            old.exitcode = old.process.exitcode
+            old.forget_death_fd()
+            old.process.close()
         self.control.reset(wid)
         self._outgoing[wid].clear()
         self._overflow[wid].clear()
@@ -348,6 +349,12 @@ class Supervisor:
         self._ask_to_exit(self.workers[wid])
         self.workers[wid].stopped = True
 
+    def reap_stopped(self) -> None:
+        """Reap the stopped workers that have exited, without waiting (no zombie stays)."""
+        for h in self.workers:
+            if h.stopped and not h.reaped:
+                h.reap_if_exited()
+
     def _ask_to_exit(self, h: WorkerHandle) -> None:
         if h.channel is None:
             return
@@ -361,23 +368,10 @@ class Supervisor:
 
     def _reap(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the workers to exit, and reap those that did.
-        The wait is open to an interrupt; reaping is not: a KeyboardInterrupt between
-        waitpid() and multiprocessing's note of it would leave a process that
-        multiprocessing believes alive for ever (NOTE [ Interrupts wait for a window ],
-        _signals.py)."""
+        The wait is open to an interrupt; reaping is not (``WorkerHandle.reap_if_exited``)."""
         deadline = time.monotonic() + timeout
         while True:
-            running = [h for h in self.workers if not h.reaped]
-            for h in running:
-                with _signals.signals_deferred():
-                    code = h.process.exitcode  # waitpid(WNOHANG)
-                    if code is not None:
-                        if h.exitcode is None:
-                            h.exitcode = code
-                        h.reaped = True
-                        h.forget_death_fd()
-                        h.process.close()
-            running = [h for h in running if not h.reaped]
+            running = [h for h in self.workers if not h.reaped and not h.reap_if_exited()]
             left = deadline - time.monotonic()
             if not running or left <= 0:
                 return

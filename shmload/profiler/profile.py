@@ -260,6 +260,13 @@ class Profile:
             if seconds is not None:
                 self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
 
+    def worker_stopped(self, wid: int, pid: int) -> None:
+        """Worker ``wid`` (process ``pid``) is about to exit while its session runs on
+        (num_workers="auto"): keep its CPU seconds, which cannot be read once it is gone."""
+        seconds = cpu_seconds(pid)
+        if seconds is not None:
+            self._retired_cpu[wid] = self._retired_cpu.get(wid, 0.0) + seconds - self._base_cpu.get(pid, 0.0)
+
     def sample_memory(self, session: ProfiledSession) -> None:
         """Read a worker's USS if one is due (``memory.py``). Called on ``next()`` within the
         ring sampling's throttle: one clock reading and a comparison when nothing is due."""
