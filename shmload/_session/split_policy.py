@@ -59,7 +59,8 @@ class SplitPolicy:
         if near_end and not forced:
             room = [ok and not load for ok, load in zip(live, loads)]
             now = time.monotonic()
-            wait = tail_wait(room, loads, dispatcher.busy_since, now, self._pace, parts)
+            taking = [load if ok else 0 for ok, load in zip(live, loads)]  # (none waited for that takes no task)
+            wait = tail_wait(room, taking, dispatcher.busy_since, now, self._pace, parts)
             if wait > 0 or not any(room):
                 self.deadline = now + wait if wait > 0 else None
                 return LATER

@@ -75,7 +75,7 @@ def _auto_busy(s: LoaderStats, top: str) -> list[str]:
         why = (f"it runs {s.num_workers} of at most {cap}: it adds workers only while a core is free and an "
                "addition raises the rate, so the cores (or other programs) are the limit")
     else:
-        why = f"it runs its cap of {cap} (max_workers)" + (
+        why = f"it runs its cap of {cap} (max_workers, by default the usable cores)" + (
             f"; about {needed} would keep up, so raise max_workers if cores are free" if needed and needed > cap
             else "")
     return [f"Recommendation: speed up {stage_advice(top, s.dataset)}. The workers are busy {100 * util:.0f}% "
