@@ -188,8 +188,11 @@ def test_ctrl_c_while_workers_start_and_stop_then_going_on_yields_every_batch_on
     script_workers(loader, {k: 1 + k % 3 for k in range(0, 300, 7)})
     with loader:
         got, interrupts = rows_under_interrupts(iter(loader), rng, 0.003, 0.0005)
+    expected = [[i, i + 1] for i in range(0, 600, 2)]
+    first = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    assert got == expected, (f"{interrupts} interrupts, {len(got)} batches; first difference at {first}: "
+                             f"{got[first - 2:first + 3]} against {expected[first - 2:first + 3]}")
     assert interrupts >= 5
-    assert got == [[i, i + 1] for i in range(0, 600, 2)]
 
 
 def test_ctrl_c_then_a_resume_continues_exactly_and_from_the_last_count():
