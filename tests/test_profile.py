@@ -140,8 +140,9 @@ def test_data_bound_on_every_core_names_the_stage_to_speed_up():
 @pytest.mark.pure
 @pytest.mark.parametrize("running, cap, says", [
     (2, 8, r"it runs 2 of at most 8: it adds workers only while a core is free"),
-    (2, 2, r"it runs its cap of 2 \(max_workers, by default the usable cores\); about 7 would keep up, so raise "
-           r"max_workers"),
+    (2, 2, r"it runs its cap of 2 \(max_workers, by default the usable cores\); about 7 would keep up and 8 "
+           r"cores are usable: raise max_workers"),
+    (8, 8, r"it runs its cap of 8 \(max_workers, by default the usable cores\)\."),
 ])
 def test_data_bound_with_auto_workers_says_why_the_count_is_what_it_is(running, cap, says):
     text = diagnose(_stats(num_workers=running, cores=8, stall=3.0, step=0.1, fetch=0.5, collate=0.1, other=0.05,

@@ -76,8 +76,8 @@ def _auto_busy(s: LoaderStats, top: str) -> list[str]:
                "addition raises the rate, so the cores (or other programs) are the limit")
     else:
         why = f"it runs its cap of {cap} (max_workers, by default the usable cores)" + (
-            f"; about {needed} would keep up, so raise max_workers if cores are free" if needed and needed > cap
-            else "")
+            f"; about {needed} would keep up and {s.cores} cores are usable: raise max_workers"
+            if needed and needed > cap and cap < s.cores else "")
     return [f"Recommendation: speed up {stage_advice(top, s.dataset)}. The workers are busy {100 * util:.0f}% "
             f"of the time, and num_workers='auto' chose its count: {why}."]
 
