@@ -39,7 +39,8 @@ def _window(wait=0.5, busy=1.0, workers=1, free=1.0, rate=100.0, room=None, seco
     """A window of ``seconds`` in which the consumer waited ``wait`` of its time, the
     ``workers`` were each busy ``busy`` of it and ``free`` cores were left."""
     batches = int(rate * seconds)
-    return Window(seconds, batches, wait * seconds, (1 - wait) * seconds, busy * workers * seconds, free, room)
+    return Window(seconds, batches, wait * seconds, (1 - wait) * seconds, busy * workers * seconds, free,
+                  None if room is None else lambda: room)
 
 
 def test_a_waiting_consumer_with_busy_workers_and_a_free_core_gets_a_worker():

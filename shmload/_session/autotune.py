@@ -31,7 +31,7 @@ at once (no flapping between two counts whose rates differ by noise).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 MIN_WINDOW = 0.25  # seconds between decisions, at least
 MIN_BATCHES = 4  # batches delivered between decisions, at least (unless MAX_WINDOW passed)
@@ -57,7 +57,9 @@ class Window(NamedTuple):
     step: float  # the consumer's own seconds between next() calls
     busy: float  # the workers' seconds loading
     free_cores: float | None  # None: unknown
-    room_for: int | None = None  # workers memory still allows (None: not limited)
+    # how many more workers memory allows (None: not limited), asked only when one might be
+    # added: reading a process's memory costs more than the rest of a decision
+    room_for: Callable[[], int | None] | None = None
 
     @property
     def rate(self) -> float:
@@ -137,8 +139,9 @@ class Policy:
             add = _keeping_up(w, n) - n
             if free is not None:
                 add = min(add, max(1, math.floor(free + 1 - FREE_CORE)))
-            if w.room_for is not None:
-                add = min(add, w.room_for)
+            room = w.room_for() if w.room_for is not None and add > 0 else None
+            if room is not None:
+                add = min(add, room)
             return min(ceiling, n + add) if add > 0 else n
         if n > floor and w.wait < WAIT_SHRINK:
             if busy * n <= (n - 1) * BUSY_SHRINK or (free is not None and free < SATURATED):
