@@ -193,7 +193,9 @@ def test_ctrl_c_while_workers_start_and_stop_then_going_on_yields_every_batch_on
     first = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
     assert got == expected, (f"{interrupts} interrupts, {len(got)} batches; first difference at {first}: "
                              f"{got[first - 2:first + 3]} against {expected[first - 2:first + 3]}")
-    assert interrupts >= 5
+    # every timer's SIGINT must land: one discarded (a start_window that set SIG_IGN
+    # while this test's timer thread received it) ended the series after 5-16 of ~130
+    assert interrupts >= 30
 
 
 def test_ctrl_c_then_a_resume_continues_exactly_and_from_the_last_count():

@@ -278,20 +278,26 @@ def signals_blocked() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def start_window() -> Iterator[None]:
+def start_window(execs: bool = False) -> Iterator[None]:
     """A window for starting a worker process, which must start ignoring SIGINT: a
-    Ctrl-C reaches the whole process group, and a worker still starting its interpreter
-    (spawn) would print a traceback of its own, one per worker, before it could set
-    SIG_IGN itself. So SIGINT is ignored while the process starts (an ignored disposition
-    survives fork and exec, and Python then installs no KeyboardInterrupt handler), and
-    blocked meanwhile, so that a Ctrl-C of the user's is kept by the kernel (a blocked
-    signal is never discarded as ignored) and noted once the gate's handler is back. The
-    worker unblocks it once it ignores SIGINT itself (worker.py)."""
+    Ctrl-C reaches the whole process group, and a worker still starting would print a
+    traceback of its own, one per worker, before it could set SIG_IGN itself. So SIGINT
+    is blocked in this thread while the process starts: a forked child inherits the mask,
+    its Ctrl-C stays pending until it ignores SIGINT and unblocks it (worker.py), and
+    this process's is kept by the kernel and noted as the window ends.
+
+    A child that ``execs`` a new interpreter (spawn) does not keep the mask through
+    multiprocessing's fork and exec, only an ignored disposition, so for it SIGINT is
+    also set to SIG_IGN meanwhile (Python then installs no KeyboardInterrupt handler in
+    it). That has a cost, which is why it is not done for fork: a Ctrl-C the kernel gives
+    to another thread of this process, one that does not block SIGINT (a timer's, the
+    user's), is discarded while the disposition is SIG_IGN, and the user's Ctrl-C is lost
+    (tests/test_autotune.py, where workers start mid-epoch, caught it under fork)."""
     entered = defer_signals()
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            gate = _getsignal(_SIGINT) if entered >= 0 else None
+            gate = _getsignal(_SIGINT) if entered >= 0 and execs else None
             gated = type(gate) is _Gated
             if gated:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -62,6 +62,7 @@ class Supervisor:
         self._frames: list[deque] = [deque() for _ in range(num_workers)]
         self._awaiting = [False] * num_workers
         method = ctx.get_start_method()
+        self._execs = method == "spawn"  # (its workers are new interpreters: _signals.start_window)
         payload = user if method == "fork" else PerWorker(user, method)
         self._args = WorkerArgs(0, num_workers, seed, rank, auto_batch, payload, None, stream_shuffle)
         self.workers: list[WorkerHandle] = []
@@ -81,7 +82,7 @@ class Supervisor:
     def add(self) -> WorkerHandle:  # the next worker id's process
         wid = len(self.workers)
         # a started process is in the list before a Ctrl-C can land (NOTE [ Interrupts wait for a window ])
-        with _signals.start_window():
+        with _signals.start_window(self._execs):
             self.workers.append(self._start(wid, self._args._replace(worker_id=wid)))
         return self.workers[wid]
 
@@ -207,7 +208,7 @@ class Supervisor:
         self._overflow[wid].clear()
         self._frames[wid].clear()
         self._awaiting[wid] = False
-        with _signals.start_window():  # NOTE [ Interrupts wait for a window ] (_signals.py)
+        with _signals.start_window(self._execs):  # NOTE [ Interrupts wait for a window ] (_signals.py)
             self.workers[wid] = self._start(wid, self._args._replace(worker_id=wid))
         return self.workers[wid]
 
