@@ -2,6 +2,7 @@
 and ``collate``): pure, no processes."""
 
 import collections
+import collections.abc
 from typing import NamedTuple
 
 import numpy as np
@@ -286,3 +287,49 @@ def test_slot_views_keep_at_most_SLOTS_slots():
     assert [m(spec) is m(spec) for m in made] == [True, True, True, False, False]  # the last two: fresh each time
     again = views.destination(_Ref(0, 0, 4096), mapping, plan.layout, True)
     assert again(spec) is made[0](spec)  # a kept slot still reuses its views
+
+
+def _same_batch(a, b):
+    """Equal containers (type included) holding arrays of equal shape, dtype, address and
+    base, and equal other values."""
+    assert type(a) is type(b)
+    if isinstance(a, np.ndarray):
+        assert (a.shape, a.dtype, a.ctypes.data, a.strides, a.base is None) == \
+            (b.shape, b.dtype, b.ctypes.data, b.strides, b.base is None)
+        assert a.base is b.base and a.flags.writeable == b.flags.writeable
+    elif isinstance(a, collections.abc.Mapping):
+        assert list(a) == list(b)
+        for k in a:
+            _same_batch(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same_batch(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("name", list(_batches_for_fast_path()) + ["defaultdict", "tuple of one array", "UserDict"])
+def test_views_from_a_recipe_are_the_views_build_makes(name):
+    rng = np.random.default_rng(1)
+    extra = {
+        "defaultdict": [collections.defaultdict(int, a=rng.random(3), b=i) for i in range(3)],
+        "tuple of one array": [(rng.random((2, 2)),) for _ in range(4)],
+        "UserDict": [collections.UserDict(x=np.arange(3) + i) for i in range(2)],
+    }
+    samples = extra[name] if name in extra else _batches_for_fast_path()[name]
+    layout = C.plan_stack(samples).layout
+    owner = np.frombuffer(bytearray(layout.nbytes + 64), np.uint8)
+    for _ in range(2):  # the recipe made, then reused
+        _same_batch(L.views_in(layout, owner), L.build(layout, L.slot_destination(owner)))
+    wrapped = L.views_in(layout, owner, wrap=lambda a: ("wrapped", a.shape))
+    expected = L.build(layout, lambda spec: ("wrapped", L.slot_destination(owner)(spec).shape))
+    assert wrapped == expected
+
+
+def test_recipes_are_kept_per_layout_object_and_bounded():
+    owner = np.zeros(4096, np.uint8)
+    for n in range(L.RECIPES_KEPT * 2):  # layouts made and dropped: ids may be reused by the next
+        layout = C.plan_stack([np.arange(n + 1, dtype=np.int32)] * 2).layout
+        assert L.views_in(layout, owner)[1].tolist() == [0] * (n + 1)
+        assert len(L._recipes) <= L.RECIPES_KEPT

@@ -35,6 +35,7 @@ NOTE [ Batch containers ]
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import pickle
 from typing import Any, Callable, NamedTuple
@@ -228,6 +229,56 @@ def span_destination(slot: np.ndarray, part: Layout, whole: Layout, start: int,
         return data.view(w.dtype).reshape((stop - start,) + tuple(w.shape[1:]))
 
     return view
+
+
+# NOTE [ A recurring layout's batch, built from a recipe ]
+# The main process builds every batch it yields from its layout, and in steady state
+# the layout is the same object batch after batch (LayoutCache keeps it). So what the
+# layout asks for is worked out once, as a recipe: each leaf's (shape, dtype, offset)
+# or value, and how the container is put together, with the common flat ones (a tuple
+# sample's list, a dict of arrays) made in one call instead of a walk of the structure.
+# A leaf's view is one ``np.ndarray(shape, dtype, owner, offset)``: the same array as
+# slicing, viewing and reshaping the owner (C order, the owner as its ``.base``, which
+# lifetime.py relies on), at a third of the cost. Zero-byte leaves keep the slice, whose
+# offset may lie at or past the slot's end. Recipes are kept by the layout's id, with
+# the layout itself (an id is reused only once its object is gone), at most RECIPES_KEPT.
+RECIPES_KEPT = 64
+_recipes: dict[int, tuple[Layout, tuple, Callable[[list], Any]]] = {}
+
+
+def views_in(layout: Layout, owner: np.ndarray, wrap: Callable[[np.ndarray], Any] | None = None) -> Any:
+    """The batch of ``layout`` as views of ``owner`` (a uint8 array over its slot), each
+    array passed through ``wrap`` if given: what ``build(layout, slot_destination(owner))``
+    returns, from the layout's recipe."""
+    entry = _recipes.get(id(layout))
+    if entry is None or entry[0] is not layout:
+        entry = _recipe(layout)
+    new = np.ndarray
+    values = [value if shape is None else new(shape, value, owner, offset) if offset >= 0
+              else owner[:0].view(value).reshape(shape) for shape, value, offset in entry[1]]
+    if wrap is not None:
+        values = [wrap(v) if type(leaf) is ArraySpec else v for leaf, v in zip(layout.leaves, values)]
+    return entry[2](values)
+
+
+def _recipe(layout: Layout) -> tuple[Layout, tuple, Callable[[list], Any]]:
+    leaves = tuple((None, leaf.value, 0) if type(leaf) is not ArraySpec
+                   else (leaf.shape, leaf.dtype, leaf.offset if leaf.nbytes else -1) for leaf in layout.leaves)
+    node = layout.structure
+    flat = type(node) in (Seq, Map) and len(node.children) == len(leaves) and \
+        all(type(c) is Leaf and c.id == i for i, c in enumerate(node.children))
+    assemble: Callable[[list], Any]
+    if flat and type(node) is Seq and node.kind in ("list", "tuple"):
+        assemble = list if node.kind == "list" else tuple
+    elif flat and type(node) is Map and node.cls is None:
+        keys = node.keys
+        assemble = lambda values: dict(zip(keys, values))  # noqa: E731
+    else:
+        assemble = functools.partial(_assemble, node)
+    if len(_recipes) >= RECIPES_KEPT:
+        _recipes.clear()
+    entry = _recipes[id(layout)] = (layout, leaves, assemble)
+    return entry
 
 
 def build(layout: Layout, arrays: Callable[[ArraySpec], Any]) -> Any:

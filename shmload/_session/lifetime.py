@@ -70,7 +70,4 @@ def deliver(slot: Slot | None, layout: _layout.Layout, releases: ReleaseQueue, o
     owner = slot.segment.window(slot.offset, slot.capacity)
     slot.state = SlotState.HELD
     releases.watch(owner, slot)
-    view = _layout.slot_destination(owner)
-    if output == "torch":
-        return _layout.build(layout, lambda spec: to_torch(view(spec)))
-    return _layout.build(layout, view)
+    return _layout.views_in(layout, owner, to_torch if output == "torch" else None)
