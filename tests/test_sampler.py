@@ -1,6 +1,7 @@
 """Samplers: pure, no processes. The orders under them and their seeding
 (``shmload._ordering.sampler`` and ``seeding``) are tested too, as internals."""
 
+import itertools
 import sys
 
 import numpy as np
@@ -10,6 +11,7 @@ from shmload import BatchSampler, RandomSampler, SequentialSampler
 from shmload._ordering import seeding
 from shmload._ordering.sampler import Order
 from shmload._ordering.seeding import RangeShuffle, permutation
+from shmload._transport.messages import Indices
 
 pytestmark = pytest.mark.pure
 
@@ -209,3 +211,19 @@ def test_the_exact_permutation_is_kept_up_to_the_limit_and_the_lazy_shuffle_used
 def test_an_order_too_large_to_build_says_so_instead_of_being_empty():
     with pytest.raises(MemoryError, match="a slice at a time"):
         np.asarray(Order(sys.maxsize))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("batch_size, first", [(1, 0), (300, 0), (300, 7), (4096, 1), (5000, 1)])
+def test_the_loaders_batches_computed_a_chunk_at_a_time_are_the_batches(shuffle, drop_last, batch_size, first):
+    # batches_from(as_indices=True) slices a chunk of whole batches at once (sampler._indices_from);
+    # the list path slices the order batch by batch
+    def batches():  # (a fresh sampler each: every iter() of a RandomSampler is a new epoch)
+        sampler = RandomSampler(range(10_007), seed=3) if shuffle else SequentialSampler(range(10_007))
+        return BatchSampler(sampler, batch_size, drop_last)
+
+    taken = list(batches().batches_from(first, as_indices=True))
+    assert all(type(b) is Indices and b.array.dtype == np.int64 for b in taken)
+    assert [b.tolist() for b in taken] == list(itertools.islice(iter(batches()), first, None))
+    assert len(taken) == len(batches()) - first
