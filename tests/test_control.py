@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from shmload._batching.layout import ArraySpec, Layout, LayoutCache, Leaf, ObjectValue, Seq
-from shmload._transport import wire
+from shmload._core import native as native_mod
+from shmload._transport import queues, wire
 from shmload._transport.control import ControlBlock, WorkerEnd, layout_areas
 from shmload._transport.messages import (
     Attach,
@@ -40,6 +41,16 @@ from shmload._transport.messages import (
 from shmload.errors import RemoteError
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def kind(request, monkeypatch):
+    """The queues' ends: compiled (_core/_queue.c) or control.py's Python ones."""
+    if request.param == "python":
+        monkeypatch.setattr(queues, "native", None)
+    elif not hasattr(queues.native, "QueueWriter"):
+        pytest.skip(f"no compiled core: {native_mod.DESCRIPTION}")
+    return request.param
 
 
 def block(workers: int = 1):
@@ -60,7 +71,7 @@ def intact(rec: bytes) -> bool:
 
 # ---------------------------------------------------------------- one process
 @pytest.mark.pure
-def test_records_of_every_size_arrive_once_in_order_across_many_wraps():
+def test_records_of_every_size_arrive_once_in_order_across_many_wraps(kind):
     _, cb, (end,) = block()
     producer, consumer = cb.tasks[0], end.tasks
     rng = random.Random(0)
@@ -84,7 +95,7 @@ def test_records_of_every_size_arrive_once_in_order_across_many_wraps():
 
 
 @pytest.mark.pure
-def test_a_full_queue_refuses_and_takes_again_once_a_record_is_freed():
+def test_a_full_queue_refuses_and_takes_again_once_a_record_is_freed(kind):
     _, cb, (end,) = block()
     producer = cb.tasks[0]
     sent = []
@@ -103,7 +114,7 @@ def test_a_full_queue_refuses_and_takes_again_once_a_record_is_freed():
 
 
 @pytest.mark.pure
-def test_a_record_of_max_record_bytes_fits_an_empty_queue_wherever_it_stands():
+def test_a_record_of_max_record_bytes_fits_an_empty_queue_wherever_it_stands(kind):
     _, cb, (end,) = block()
     producer = cb.tasks[0]
     rng = random.Random(1)
@@ -115,14 +126,14 @@ def test_a_record_of_max_record_bytes_fits_an_empty_queue_wherever_it_stands():
 
 
 @pytest.mark.pure
-def test_parts_are_one_record():
+def test_parts_are_one_record(kind):
     _, cb, (end,) = block()
     assert cb.tasks[0].put(b"head", b"", memoryview(b"body"), b"!")
     assert end.tasks.take() == b"headbody!"
 
 
 @pytest.mark.pure
-def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker():
+def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker(kind):
     _, cb, ends = block(3)
     assert ends[2].publish(b"two", b"") and ends[0].publish(b"zero", b"")
     assert cb.take(1) is None
@@ -139,7 +150,7 @@ def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker():
 
 
 @pytest.mark.pure
-def test_reset_gives_a_replacement_empty_queues_whatever_the_dead_one_left():
+def test_reset_gives_a_replacement_empty_queues_whatever_the_dead_one_left(kind):
     _, cb, (end,) = block()
     cb.tasks[0].put(b"held by the dead worker")
     end.completions.put(b"published, never posted to the bell")
@@ -173,7 +184,7 @@ def _echo(mm, area, count: int) -> None:
 
 
 @pytest.mark.parametrize("records", [20000])
-def test_two_processes_exchange_every_record_intact_and_in_order(records):
+def test_two_processes_exchange_every_record_intact_and_in_order(records, kind):
     mm, cb, _ = block(1)
     child = multiprocessing.get_context("fork").Process(target=_echo, args=(mm, cb.areas[0], records))
     child.start()
@@ -215,7 +226,7 @@ def _sleepy_publisher(mm, area, delays) -> None:
     os._exit(0)
 
 
-def test_no_wake_up_is_lost_when_completions_come_while_the_main_side_goes_to_sleep():
+def test_no_wake_up_is_lost_when_completions_come_while_the_main_side_goes_to_sleep(kind):
     """The main side's sleep protocol (drain, scan, sleep), against completions published
     at every moment of it: each one is taken within a short time, never after the
     sleep's full time-out."""

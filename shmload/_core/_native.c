@@ -1,5 +1,5 @@
 /* shmload's compiled core: the default collate's per-sample checks and copies, and a
- * task's indices as the worker reads them.
+ * task's indices as the worker reads them. (The control queue's ends are _queue.c's.)
  *
  * Every function here is an accelerator that may decline. It either does exactly what
  * the Python code it stands in for does (collate.py: _transpose, _fill; wire.py:
@@ -27,6 +27,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 #include <string.h>
+
+#include "_native.h"
 
 /* Set once by setup(): the layout's node classes, and collate._an_object. */
 static PyObject *Leaf_type, *Seq_type, *Map_type, *an_object;
@@ -518,5 +520,8 @@ PyInit__native(void)
     s_scalar = PyUnicode_InternFromString("scalar");
     if (s_array == NULL || s_scalar == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && add_queue_types(m) < 0)
+        Py_CLEAR(m);
+    return m;
 }

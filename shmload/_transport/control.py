@@ -68,194 +68,22 @@ NOTE [ Deaths and the queues ]
 
 from __future__ import annotations
 
-import ctypes
-import os
-import struct
-import time
-from collections import deque
 from typing import Any, NamedTuple
 
 import numpy as np
 
-# ---------------------------------------------------------------- the semaphores, through ctypes
-_libc = ctypes.CDLL(None, use_errno=True)  # waits that block: the GIL is released
-_libc_fast = ctypes.PyDLL(None, use_errno=True)  # post/trywait never block: keep the GIL (~0.26 us a call)
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-def _fn(lib: Any, name: str, *args: Any) -> Any:
-    fn = getattr(lib, name, None)
-    if fn is not None:
-        fn.argtypes, fn.restype = list(args), ctypes.c_int
-    return fn
-
-
-_sem_init = _fn(_libc, "sem_init", ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
-_sem_post = _fn(_libc_fast, "sem_post", ctypes.c_void_p)
-_sem_trywait = _fn(_libc_fast, "sem_trywait", ctypes.c_void_p)
-# sem_clockwait (glibc 2.30) waits on CLOCK_MONOTONIC; sem_timedwait on the wall clock,
-# which a clock change could stretch (the waits are short and retried either way).
-_sem_clockwait = _fn(_libc, "sem_clockwait", ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec))
-_sem_timedwait = _fn(_libc, "sem_timedwait", ctypes.c_void_p, ctypes.POINTER(_Timespec))
-
-SEM_SLOT = 64  # bytes per semaphore (sizeof(sem_t) is 32 on 64-bit Linux), one cache line each
-
-
-def _checked(result: int, call: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{call}: {os.strerror(err)}")
-
-
-class Semaphore:
-    """A process-shared POSIX semaphore at address ``addr`` of a shared mapping."""
-
-    __slots__ = ("addr",)
-
-    def __init__(self, addr: int):
-        self.addr = addr
-
-    def init(self, value: int = 0) -> None:
-        _checked(_sem_init(self.addr, 1, value), "sem_init")
-
-    def trywait(self) -> bool:
-        return _sem_trywait(self.addr) == 0
-
-    def wait(self, timeout: float) -> bool:
-        """Take a token, sleeping up to ``timeout`` seconds; False if none came (or a
-        signal interrupted the sleep: the caller's loop checks and waits again)."""
-        if _sem_clockwait is not None:
-            deadline = time.monotonic() + timeout
-            ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-            return _sem_clockwait(self.addr, time.CLOCK_MONOTONIC, ctypes.byref(ts)) == 0
-        deadline = time.time() + timeout
-        ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-        return _sem_timedwait(self.addr, ctypes.byref(ts)) == 0
-
-
-# ---------------------------------------------------------------- one queue
-_LEN = struct.Struct("<I")
-_WRAP = 0xFFFFFFFF  # "the next record starts at offset 0"
-RING_HEADER = 2 * SEM_SLOT  # items, free
-
-
-def _padded(n: int) -> int:
-    return (n + 7) & ~7
-
-
-class _Queue:
-    __slots__ = ("mm", "base", "capacity", "items", "free")
-
-    def __init__(self, mm: Any, base: int, capacity: int, address: int):
-        self.mm, self.base, self.capacity = mm, base, capacity
-        self.items = Semaphore(address + base)
-        self.free = Semaphore(address + base + SEM_SLOT)
-
-    @property
-    def data(self) -> int:
-        return self.base + RING_HEADER
-
-    @property
-    def max_record(self) -> int:
-        """The largest payload :meth:`Producer.put` takes; larger ones go by the socket."""
-        return self.capacity // 4 - _LEN.size
-
-
-class Producer:
-    """The writing end of one queue. Only one process, one thread at a time, writes."""
-
-    __slots__ = ("q", "_pos", "_used", "_sizes", "max_record", "_data", "_cap", "_mm", "_post", "_items",
-                 "_trywait", "_free")
-
-    def __init__(self, q: _Queue):
-        self.q = q
-        self.max_record = q.max_record
-        self._data, self._cap, self._mm = q.data, q.capacity, q.mm
-        self._post, self._items = _sem_post, q.items.addr
-        self._trywait, self._free = _sem_trywait, q.free.addr
-        self.reset()
-
-    def reset(self) -> None:
-        self._pos = 0  # where the next record goes (offset in the data area)
-        self._used = 0  # bytes of records not yet freed by the consumer
-        self._sizes: deque[int] = deque()  # bytes each unfreed record spans, oldest first
-
-    def put(self, payload: bytes | bytearray | memoryview, *more: bytes) -> bool:
-        """Publish one record (``payload`` followed by ``more``); False if the queue has no
-        room for it now. Records over :attr:`max_record` bytes are the caller's to send
-        another way."""
-        n = len(payload) + sum(map(len, more)) if more else len(payload)
-        need = _LEN.size + _padded(n)
-        pos, cap = self._pos, self._cap
-        span = need if pos + need <= cap else cap - pos + need  # a record never wraps: it skips the end
-        while self._used + span > cap:
-            if self._trywait(self._free) != 0:
-                return False
-            self._used -= self._sizes.popleft()
-        mm, data = self._mm, self._data
-        if span != need:
-            _LEN.pack_into(mm, data + pos, _WRAP)
-            pos = 0
-        _LEN.pack_into(mm, data + pos, n)
-        start = data + pos + _LEN.size
-        end = start + len(payload)
-        mm[start:end] = payload
-        for part in more:
-            mm[end:end + len(part)] = part
-            end += len(part)
-        self._pos = (pos + need) % cap
-        self._used += span
-        self._sizes.append(span)
-        _checked(self._post(self._items), "sem_post")  # NOTE [ How a record becomes visible ]
-        return True
-
-    def wait_for_room(self, timeout: float) -> None:
-        """Sleep until the consumer frees a record (or ``timeout`` passes), keeping its token."""
-        if self.q.free.wait(timeout):
-            self._used -= self._sizes.popleft()
-
-
-class Consumer:
-    """The reading end of one queue."""
-
-    __slots__ = ("q", "_pos", "_data", "_cap", "_mm", "_trywait", "_items", "_post", "_free")
-
-    def __init__(self, q: _Queue):
-        self.q = q
-        self._data, self._cap, self._mm = q.data, q.capacity, q.mm
-        self._trywait, self._items = _sem_trywait, q.items.addr
-        self._post, self._free = _sem_post, q.free.addr
-        self.reset()
-
-    def reset(self) -> None:
-        self._pos = 0
-
-    def take(self) -> bytes | None:
-        """The next record, or None if none is published."""
-        if self._trywait(self._items) != 0:
-            return None
-        return self._read()
-
-    def wait(self, timeout: float) -> bytes | None:
-        """The next record, sleeping up to ``timeout`` seconds for one."""
-        if self._trywait(self._items) != 0 and not self.q.items.wait(timeout):
-            return None
-        return self._read()
-
-    def _read(self) -> bytes:
-        mm, data, pos = self._mm, self._data, self._pos
-        (n,) = _LEN.unpack_from(mm, data + pos)
-        if n == _WRAP:
-            pos = 0
-            (n,) = _LEN.unpack_from(mm, data)
-        start = data + pos + _LEN.size
-        record = mm[start:start + n]  # a copy: the bytes are the producer's again after the post below
-        self._pos = (pos + _LEN.size + _padded(n)) % self._cap
-        self._post(self._free)
-        return record
+from .queues import (
+    RING_HEADER,
+    SEM_SLOT,
+    Consumer,
+    Producer,
+    Queue,
+    Semaphore,
+    consumer_of,
+    producer_of,
+    sem_post,
+    sem_trywait,
+)
 
 
 # ---------------------------------------------------------------- the segment: a bell and one area per worker
@@ -297,10 +125,10 @@ class WorkerEnd:
     def __init__(self, mm: Any, area: Area):
         self._anchor: np.ndarray | None
         self._anchor, address = _address(mm)
-        self.tasks = Consumer(_Queue(mm, area.tasks, area.task_bytes, address))
-        self.completions = Producer(_Queue(mm, area.completions, area.completion_bytes, address))
+        self.tasks = consumer_of(Queue(mm, area.tasks, area.task_bytes, address))
+        self.completions = producer_of(Queue(mm, area.completions, area.completion_bytes, address))
         self.bell = Semaphore(address)
-        self._post = _sem_post
+        self._post = sem_post
 
     def publish(self, payload: bytes, *more: bytes) -> bool:
         """Put a completion and ring the bell (NOTE [ A doorbell rung only for a sleeper ])."""
@@ -311,6 +139,9 @@ class WorkerEnd:
 
     def close(self) -> None:
         # a closed end is never used again: its queues let go of the mapping
+        if self.tasks is not None:
+            self.tasks.close()
+            self.completions.close()
         self.tasks = self.completions = None  # type: ignore[assignment]
         self._anchor = None
 
@@ -329,8 +160,8 @@ class ControlBlock:
         self.tasks: list[Producer] = []
         self.completions: list[Consumer] = []
         for area in self.areas:
-            self.tasks.append(Producer(_Queue(mm, area.tasks, area.task_bytes, address)))
-            self.completions.append(Consumer(_Queue(mm, area.completions, area.completion_bytes, address)))
+            self.tasks.append(producer_of(Queue(mm, area.tasks, area.task_bytes, address)))
+            self.completions.append(consumer_of(Queue(mm, area.completions, area.completion_bytes, address)))
         for wid in range(workers):
             self.reset(wid)
 
@@ -357,7 +188,7 @@ class ControlBlock:
         """Before the last scan ahead of a sleep: drop the bell's tokens, so that only a
         completion published after that scan can wake :meth:`sleep` at once (NOTE [ A
         doorbell rung only for a sleeper ])."""
-        trywait, bell = _sem_trywait, self.bell.addr
+        trywait, bell = sem_trywait, self.bell.addr
         while trywait(bell) == 0:
             pass
 
@@ -366,5 +197,9 @@ class ControlBlock:
         self.bell.wait(timeout)
 
     def close(self) -> None:
+        for producer in self.tasks:
+            producer.close()
+        for consumer in self.completions:
+            consumer.close()
         self.tasks, self.completions = [], []
         self._anchor = None

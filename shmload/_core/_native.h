@@ -1,0 +1,9 @@
+/* What _native.c's module takes from its other source files. */
+#ifndef SHMLOAD_NATIVE_H
+#define SHMLOAD_NATIVE_H
+#include <Python.h>
+
+/* _queue.c: adds QueueWriter and QueueReader to the module; -1 with an exception set. */
+int add_queue_types(PyObject *module);
+
+#endif
