@@ -152,3 +152,11 @@ def test_the_compiled_ends_hold_no_references_or_memory():
     gc.collect()
     assert [sys.getrefcount(payload), sys.getrefcount(view)] == before
     assert sys.getallocatedblocks() - blocks < 100
+
+
+@pytest.mark.parametrize("kind", ["python", pytest.param("compiled", marks=needs_core)])
+def test_a_failing_post_is_the_same_oserror_both_ways(kind):
+    mm, cb, writer, _ = queue((kind, "python"))
+    cb.tasks[0].q.items.init(2**31 - 1)  # SEM_VALUE_MAX: one more post overflows
+    with pytest.raises(OSError, match=r"^\[Errno 75\] sem_post: Value too large for defined data type$"):
+        writer.put(b"x")

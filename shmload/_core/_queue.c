@@ -243,7 +243,12 @@ Writer_put(End *self, PyObject *args)
     self->pos = (pos + need) % cap;
     self->used += span;
     if (sem_post(self->items) != 0) { /* NOTE [ How a record becomes visible ] (control.py) */
-        PyErr_Format(PyExc_OSError, "sem_post: %s", strerror(errno));
+        int err = errno; /* OSError(errno, "sem_post: ..."), as queues._checked raises it */
+        PyObject *args = Py_BuildValue("(iN)", err, PyUnicode_FromFormat("sem_post: %s", strerror(err)));
+        if (args != NULL) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
         goto done;
     }
     result = Py_True;
