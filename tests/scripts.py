@@ -75,8 +75,10 @@ def _start(args: list[str], prefix: tuple[str, ...], env: dict[str, str]) -> sub
             environ.pop(key, None)
         else:
             environ[key] = value
-    return subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=environ, text=True,
+    proc = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=environ, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc.started = time.monotonic()
+    return proc
 
 
 def _finish(proc: subprocess.Popen, args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -90,6 +92,7 @@ def _finish(proc: subprocess.Popen, args: list[str], timeout: float) -> subproce
         raise
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.session = proc.pid  # the session's id (its leader's pid), to look for what it left
+    result.seconds = time.monotonic() - proc.started  # (start to exit)
     return result
 
 
