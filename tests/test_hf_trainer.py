@@ -133,11 +133,13 @@ def saved_step(tmp_path, step):
 
 class Run(NamedTuple):
     """A run to make: its folder (--output-dir FOLDER/out, --record FOLDER/run), its
-    arguments, the command (the example, or a wrapper of it) and its expected exit status."""
+    arguments, the command (the example, or a wrapper of it), its expected exit status, and
+    its processes (more than one: under torchrun)."""
     folder: Path
     args: tuple[str, ...]
     command: tuple[str, ...] = (SCRIPT,)
     expect: int = 0
+    ranks: int = 1
 
 
 class Done(NamedTuple):
@@ -150,8 +152,8 @@ class Done(NamedTuple):
 
 def train_all(runs: dict) -> dict:
     """Make ``runs`` (name: Run), AT_ONCE at a time; name: Done."""
-    results = run_scripts([(train_args(run.folder, *run.args, command=run.command), {"OMP_NUM_THREADS": "1"})
-                           for run in runs.values()], timeout=RUN_TIMEOUT)
+    results = run_scripts([(train_args(run.folder, *run.args, command=run.command, ranks=run.ranks),
+                            {"OMP_NUM_THREADS": "1"}) for run in runs.values()], timeout=RUN_TIMEOUT)
     return {name: Done(run.folder, outcome(result, run.expect),
                        seen(run.folder) if os.path.exists(run.folder / "run.rank0.jsonl") else None)
             for (name, run), result in zip(runs.items(), results)}
@@ -165,8 +167,9 @@ FIRST_RUNS, RESUMED_RUNS = 6, 7  # (the fixtures below make these many)
 
 
 def timeout(*counts: int):
-    """pytest-timeout for a test whose fixtures may make ``counts`` runs first (a run
-    overrunning is killed, and reported, by its own time-out before this one)."""
+    """pytest-timeout for a test that may make (or its fixtures make) batches of ``counts``
+    runs, AT_ONCE at a time (a run overrunning is killed, and reported, by its own time-out
+    before this one)."""
     return pytest.mark.timeout(60 + sum(waves(n) for n in counts) * RUN_TIMEOUT)
 
 
@@ -290,12 +293,13 @@ def test_a_checkpoint_saved_in_the_middle_of_a_step_holds_the_position_of_the_la
 
 @pytest.mark.torch
 @needs_trainer
+@timeout(2, 1)
 def test_two_processes_under_torchrun_each_resume_their_own_share(tmp_path):
     ref = tmp_path / "ref"
     ref.mkdir()
-    final = train(ref, ranks=2)
-    train(tmp_path, "--checkpoint-at", "10", ranks=2)  # 7 steps an epoch: in epoch 1
-    for rank in (0, 1):
+    final = train_all({"reference": Run(ref, (), ranks=2),  # (and the stopped run, two at a time)
+                       "stopped": Run(tmp_path, ("--checkpoint-at", "10"), ranks=2)})["reference"].outcome
+    for rank in (0, 1):  # 7 steps an epoch: stopped in epoch 1
         assert saved_position(tmp_path, 10, f"shmload_loader.rank{rank}.json") == (1, 3)
     assert train(tmp_path, "--resume", "True", ranks=2) == final
     shares = [seen(ref, rank) for rank in (0, 1)]
@@ -364,16 +368,17 @@ def test_without_transformers_the_example_says_what_to_install_and_exits_3(witho
 
 @pytest.mark.torch
 @needs_trainer
+@timeout(2, 1)
 def test_an_elastic_checkpoint_of_two_processes_resumes_in_one(tmp_path):
     """--elastic: the global batch is 16 samples, 8 on each of 2 processes or 16 on 1; a
     checkpoint saved by 2 processes after step 5 resumes in 1 process on the rest of the
     global sequence of an uninterrupted run in 1 process (the same for any world)."""
-    ref = tmp_path / "ref"
+    ref, stopped = tmp_path / "ref", tmp_path / "stopped"
     ref.mkdir()
-    final = train(ref, "--elastic", "--batch-size", str(2 * BATCH))
-    stopped = tmp_path / "stopped"
     stopped.mkdir()
-    train(stopped, "--elastic", "--checkpoint-at", "5", "--batch-size", str(BATCH), ranks=2)
+    final = train_all({"reference": Run(ref, ("--elastic", "--batch-size", str(2 * BATCH))),  # (two at a time)
+                       "stopped": Run(stopped, ("--elastic", "--checkpoint-at", "5", "--batch-size", str(BATCH)),
+                                      ranks=2)})["reference"].outcome
     checkpoint = stopped / "out" / "checkpoint-5"
     assert sorted(p.name for p in checkpoint.glob("shmload_loader*")) == ["shmload_loader.json"]
     state = json.loads((checkpoint / "shmload_loader.json").read_text())
