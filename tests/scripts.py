@@ -2,15 +2,19 @@
 
 Shared by the example tests. On a time-out the whole session (the script, its workers,
 torchrun's ranks) is killed, so a hung example cannot leave processes behind.
+:func:`run_scripts` runs independent scripts two at a time (one per core): a trainer's
+run is mostly its interpreter importing torch on one core, while the test process waits.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -23,6 +27,48 @@ def run_script(args: list[str], timeout: float, prefix: tuple[str, ...] = (), **
     """``python *args`` from the checkout's root, importing this checkout's shmload, with
     ``env`` added to the environment (a value of None removes the variable); ``prefix``
     runs it through another command first (:func:`small_shm`)."""
+    return _finish(_start(args, prefix, env), args, timeout)
+
+
+# At most this many scripts at once in run_scripts: the machine has 2 cores, and a script
+# that imports torch and a trainer (most of its seconds) keeps one of them busy while the
+# test process waits.
+AT_ONCE = 2
+
+
+def run_scripts(scripts: list[tuple[list[str], dict[str, str]]], timeout: float,
+                at_once: int = AT_ONCE) -> list[subprocess.CompletedProcess]:
+    """:func:`run_script` for each of ``scripts`` (``(args, env)`` pairs), ``at_once`` at a
+    time, each in its own session with its own ``timeout``; their results, in order. They
+    must not depend on each other. If one fails (its time-out) or the test is interrupted,
+    every session started is killed before the error goes on, and no other script starts."""
+    started: list[subprocess.Popen] = []
+    lock = threading.Lock()
+    stopping = threading.Event()
+
+    def one(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        with lock:
+            if stopping.is_set():
+                raise RuntimeError("not started: another script of the batch failed")
+            proc = _start(args, (), env)
+            started.append(proc)
+        return _finish(proc, args, timeout)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=at_once)
+    try:
+        futures = [pool.submit(one, args, env) for args, env in scripts]
+        return [future.result() for future in futures]
+    except BaseException:  # a time-out, pytest-timeout's, Ctrl-C: nothing may outlive the test
+        with lock:
+            stopping.set()
+            for proc in started:
+                kill_session(proc.pid)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # (every session is done or killed by now)
+
+
+def _start(args: list[str], prefix: tuple[str, ...], env: dict[str, str]) -> subprocess.Popen:
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     for key, value in env.items():
         if value is None:
@@ -31,6 +77,11 @@ def run_script(args: list[str], timeout: float, prefix: tuple[str, ...] = (), **
             environ[key] = value
     proc = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=environ, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc.started = time.monotonic()
+    return proc
+
+
+def _finish(proc: subprocess.Popen, args: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException as exc:  # its time-out, pytest-timeout's, Ctrl-C: nothing may outlive the test
@@ -41,6 +92,7 @@ def run_script(args: list[str], timeout: float, prefix: tuple[str, ...] = (), **
         raise
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.session = proc.pid  # the session's id (its leader's pid), to look for what it left
+    result.seconds = time.monotonic() - proc.started  # (start to exit)
     return result
 
 

@@ -8,8 +8,9 @@ import importlib.util
 
 import pytest
 
-from .scripts import describe, read_jsonl, run_script, torchrun_args
+from .scripts import describe, read_jsonl, run_script, run_scripts, torchrun_args
 
+RUN_TIMEOUT = 150  # seconds for one run (about 5 s, most of it importing torch and accelerate)
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300),
               pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                                  reason="accelerate is not installed (pip install -e '.[accelerate]')")]
@@ -19,14 +20,27 @@ SAMPLES, BATCH, ACCUMULATE = 90, 4, 4
 BATCHES = -(-SAMPLES // BATCH)  # 23 a epoch: the last accumulation window is partial (23 % 4 == 3)
 
 
-def train(tmp_path, record, *args, ranks=1, timeout=150):
+def train_args(tmp_path, record, *args, ranks=1):
     cmd = [SCRIPT, "--record", str(tmp_path / record), "--samples", str(SAMPLES), "--batch-size", str(BATCH),
            "--accumulate", str(ACCUMULATE), *args]
-    if ranks > 1:
-        cmd = torchrun_args(ranks, cmd)
-    result = run_script(cmd, timeout=timeout, OMP_NUM_THREADS="1")
+    return torchrun_args(ranks, cmd) if ranks > 1 else cmd
+
+
+def train(tmp_path, record, *args, ranks=1, timeout=RUN_TIMEOUT):
+    result = run_script(train_args(tmp_path, record, *args, ranks=ranks), timeout=timeout, OMP_NUM_THREADS="1")
     assert result.returncode == 0, describe(result)
     return result
+
+
+def train_all(runs: dict) -> dict:
+    """Make ``runs`` (name: train()'s arguments, one process each), AT_ONCE at a time (each a
+    fresh interpreter, mostly importing torch and accelerate on one core); name: the
+    finished process."""
+    results = run_scripts([(train_args(*args), {"OMP_NUM_THREADS": "1"}) for args in runs.values()],
+                          timeout=RUN_TIMEOUT)
+    for result in results:
+        assert result.returncode == 0, describe(result)
+    return dict(zip(runs, results))
 
 
 def rows(tmp_path, record, rank=0):
@@ -34,13 +48,30 @@ def rows(tmp_path, record, rank=0):
     return read_jsonl(tmp_path / f"{record}.rank{rank}.jsonl")
 
 
+STOPS = {"in-epoch-0": 7, "in-epoch-1": BATCHES + 7}  # name: the batch after which a run saves its state and stops
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def runs(tmp_path_factory):
+    """The module's runs in one process, in a folder of theirs, recording to FOLDER/NAME:
+    "ref", uninterrupted; "plain", --plain for one epoch; each run of STOPS, stopped after
+    its batch with its state saved to FOLDER/state-NAME, then resumed from it (recording to
+    the same file)."""
     tmp = tmp_path_factory.mktemp("accelerate")
-    train(tmp, "ref")
-    return rows(tmp, "ref")
+    first = {"ref": (tmp, "ref"), "plain": (tmp, "plain", "--plain", "--epochs", "1")}
+    for name, stop in STOPS.items():
+        first[name] = (tmp, name, "--checkpoint-at", str(stop), "--checkpoint", str(tmp / f"state-{name}"))
+    train_all(first)
+    train_all({name: (tmp, name, "--resume", str(tmp / f"state-{name}")) for name in STOPS})
+    return tmp
 
 
+@pytest.fixture(scope="module")
+def reference(runs):
+    return rows(runs, "ref")
+
+
+@pytest.mark.timeout(60 + 3 * RUN_TIMEOUT)  # (the module's runs: 3 rounds of two)
 def test_accumulation_sees_the_end_of_every_epoch_and_steps_its_partial_window(reference):
     assert len(reference) == 2 * BATCHES
     for epoch in (0, 1):
@@ -51,20 +82,18 @@ def test_accumulation_sees_the_end_of_every_epoch_and_steps_its_partial_window(r
         assert synced == [3, 7, 11, 15, 19, 22]  # every 4th batch, and the epoch's last
 
 
-def test_without_the_adapter_accelerate_misses_the_end(tmp_path):
+@pytest.mark.timeout(60 + 3 * RUN_TIMEOUT)
+def test_without_the_adapter_accelerate_misses_the_end(runs):
     """What for_accelerate() is for: accelerate alone never sees a shmload loader's end."""
-    train(tmp_path, "plain", "--plain", "--epochs", "1")
-    steps = rows(tmp_path, "plain")
+    steps = rows(runs, "plain")  # (--plain, one epoch)
     assert len(steps) == BATCHES and not any(r[4] for r in steps)
     assert not steps[-1][3]  # the partial window is carried into the next epoch
 
 
-@pytest.mark.parametrize("stop", [7, BATCHES + 7], ids=["in-epoch-0", "in-epoch-1"])
-def test_save_state_and_load_state_resume_the_loader_exactly(tmp_path, reference, stop):
-    state = str(tmp_path / "state")
-    train(tmp_path, "run", "--checkpoint-at", str(stop), "--checkpoint", state)
-    train(tmp_path, "run", "--resume", state)
-    assert [r[:3] for r in rows(tmp_path, "run")] == [r[:3] for r in reference]
+@pytest.mark.timeout(60 + 3 * RUN_TIMEOUT)
+@pytest.mark.parametrize("name", list(STOPS))
+def test_save_state_and_load_state_resume_the_loader_exactly(runs, reference, name):
+    assert [r[:3] for r in rows(runs, name)] == [r[:3] for r in reference]  # the stopped run's, then the resumed's
 
 
 def test_two_processes_under_torchrun_get_disjoint_covering_shares_and_see_the_end(tmp_path):

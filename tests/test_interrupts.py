@@ -367,6 +367,10 @@ def test_any_handlers_exception_anywhere_leaves_nothing_behind(method, signum, e
     ring growth and close(), then close() again or garbage collection: no descriptor, no
     child, nothing in /dev/shm, and the next loader works (the autouse leak check looks
     too)."""
+    if os.environ.get("SHMLOAD_SHM_BACKEND"):
+        # CI's POSIX-backend subset sets it for loaders given shm_backend=None; these name
+        # theirs (both backends are among the cases), so that run would repeat this one's
+        pytest.skip("every loader here names its shm_backend: $SHMLOAD_SHM_BACKEND changes nothing")
     rounds = 40 if method == "fork" else 8
     rng = random.Random(f"32-{method}-{signum}-{backend}")
     with _RaisingHandler(signum, exc):

@@ -40,9 +40,10 @@ made, inherited by the fork, as ``ddp``'s ranks make theirs before the process g
 exists. The job calls ``torch.set_num_threads(1)`` so that no OpenMP pool exists before
 the fork.
 
-The reference and the stopped run are module-scoped fixtures (4 Lightning runs in all,
-about 10 s each). After every run no process of its session (the ranks, their workers)
-may be left. Marked ``torch``; skipped without Lightning.
+The runs are module-scoped fixtures, two at a time: the reference and the stopped run,
+then the two resumed runs (4 Lightning runs in all, about 10 s each, most of it the
+launching process importing torch and Lightning on one core). After every run no process
+of its session (the ranks, their workers) may be left. Marked ``torch``; skipped without Lightning.
 """
 
 from __future__ import annotations
@@ -51,17 +52,16 @@ import importlib.util
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
 from .helpers import shuffled_order
-from .scripts import describe, fail_if_left_behind, run_script
+from .scripts import describe, fail_if_left_behind, run_scripts
 
 RUN_TIMEOUT = 120  # seconds for one Lightning run in its subprocess (about 10 s on 2 idle cores)
 
 pytestmark = [pytest.mark.torch,
-              # a test's setup may run the reference and the stopped run before its own
+              # a test's setup may run the first two runs, then the resumed two
               pytest.mark.timeout(3 * RUN_TIMEOUT + 30),
               pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
                                  reason="pytorch-lightning is not installed (pip install -e '.[lightning]')")]
@@ -92,18 +92,25 @@ class Run:
         return f"after {self.seconds:.1f} s: {describe(self.result)}"
 
 
-def job(tmp, name: str, devices: int, *args: str) -> Run:
-    """The job with ``devices`` processes, recording to ``tmp/name.jsonl``; fails if it
+def job_args(tmp, name: str, devices: int, *args: str) -> list[str]:
+    """The arguments of the job with ``devices`` processes, recording to ``tmp/name.jsonl``
+    (Lightning's default_root_dir: ``tmp/name``)."""
+    return [JOB, "--devices", str(devices), "--root", str(tmp / name), "--record", str(tmp / f"{name}.jsonl"),
+            "--samples", str(SAMPLES), "--global-batch", str(GLOBAL_BATCH), "--epochs", str(EPOCHS),
+            "--workers", "1", *args]
+
+
+def jobs(tmp, runs: dict) -> dict:
+    """The jobs of ``runs`` (name: (devices, args)), two at a time: name: Run. Fails if one
     failed or left a process of its session behind."""
-    record = tmp / f"{name}.jsonl"
-    started = time.monotonic()
-    result = run_script([JOB, "--devices", str(devices), "--root", str(tmp), "--record", str(record),
-                         "--samples", str(SAMPLES), "--global-batch", str(GLOBAL_BATCH), "--epochs", str(EPOCHS),
-                         "--workers", "1", *args], RUN_TIMEOUT, OMP_NUM_THREADS="1")
-    run = Run(result, record, time.monotonic() - started)
-    fail_if_left_behind(result, name, run.why())
-    assert result.returncode == 0 and "Traceback" not in result.stderr, run.why()
-    return run
+    results = run_scripts([(job_args(tmp, name, devices, *args), {"OMP_NUM_THREADS": "1"})
+                           for name, (devices, args) in runs.items()], RUN_TIMEOUT)
+    done = {}
+    for name, result in zip(runs, results):
+        run = done[name] = Run(result, tmp / f"{name}.jsonl", result.seconds)
+        fail_if_left_behind(result, name, run.why())
+        assert result.returncode == 0 and "Traceback" not in result.stderr, run.why()
+    return done
 
 
 def global_batches(steps: list) -> list:
@@ -131,22 +138,38 @@ def tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp) -> Run:
+def first_runs(tmp) -> dict:
+    """The reference and the stopped run (below), two at a time."""
+    return jobs(tmp, {"reference": (2, ()),
+                      "stopped": (2, ("--stop-at", str(STOP), "--checkpoint", str(tmp / "mid-epoch.ckpt")))})
+
+
+@pytest.fixture(scope="module")
+def reference(first_runs) -> Run:
     """2 processes, uninterrupted: the global sequence of 2 epochs."""
-    run = job(tmp, "reference", 2)
+    run = first_runs["reference"]
     check_world(run, 2, 0, EPOCHS * STEPS_PER_EPOCH)
     assert run.of("loaded") == [], run.why()
     return run
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp) -> tuple[Run, str]:
+def stopped(tmp, first_runs) -> tuple[Run, str]:
     """2 processes stopped after step STOP, Lightning's checkpoint saved there."""
     checkpoint = str(tmp / "mid-epoch.ckpt")
-    run = job(tmp, "stopped", 2, "--stop-at", str(STOP), "--checkpoint", checkpoint)
+    run = first_runs["stopped"]
     check_world(run, 2, 0, STOP)
     assert os.path.exists(checkpoint), run.why()
     return run, checkpoint
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp, stopped) -> dict:
+    """The stopped run's checkpoint resumed with 1 and with 3 processes, two at a time:
+    devices: Run."""
+    _, checkpoint = stopped
+    runs = jobs(tmp, {f"resumed-on-{devices}": (devices, ("--resume", checkpoint)) for devices in (1, 3)})
+    return {devices: runs[f"resumed-on-{devices}"] for devices in (1, 3)}
 
 
 def test_the_reference_is_the_global_sequence_of_the_epochs_orders(reference):
@@ -175,12 +198,12 @@ def test_a_mid_epoch_checkpoint_holds_the_global_position_the_same_on_every_rank
 
 
 @pytest.mark.parametrize("devices", [1, 3], ids=["on-1-process", "on-3-processes"])
-def test_a_checkpoint_of_2_processes_resumes_the_global_sequence(tmp, reference, stopped, devices):
+def test_a_checkpoint_of_2_processes_resumes_the_global_sequence(reference, stopped, resumed, devices):
     """The checkpoint of 2 processes resumed with ``devices``: Lightning hands every rank
     the saved state once, and the head trained before the stop plus the resumed run's
     rest is the uninterrupted run's global sequence: ids and augmentations exactly."""
-    head, checkpoint = stopped
-    rest = job(tmp, f"resumed-on-{devices}", devices, "--resume", checkpoint)
+    head, _ = stopped
+    rest = resumed[devices]
     check_world(rest, devices, STOP, EPOCHS * STEPS_PER_EPOCH)
     loaded = rest.of("loaded")
     assert [(e["rank"], e["world"]) for e in loaded] == [(r, devices) for r in range(devices)], rest.why()
