@@ -257,7 +257,7 @@ def views_in(layout: Layout, owner: np.ndarray, wrap: Callable[[np.ndarray], Any
     values = [value if shape is None else new(shape, value, owner, offset) if offset >= 0
               else owner[:0].view(value).reshape(shape) for shape, value, offset in entry[1]]
     if wrap is not None:
-        values = [wrap(v) if type(leaf) is ArraySpec else v for leaf, v in zip(layout.leaves, values)]
+        values = [v if leaf[0] is None else wrap(v) for leaf, v in zip(entry[1], values)]
     return entry[2](values)
 
 

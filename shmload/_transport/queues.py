@@ -93,8 +93,20 @@ class Queue:
 
     def __init__(self, mm: Any, base: int, capacity: int, address: int):
         self.mm, self.base, self.capacity = mm, base, capacity
-        self.items = Semaphore(address + base)
-        self.free = Semaphore(address + base + SEM_SLOT)
+        self.items = Semaphore(address + self.items_at)
+        self.free = Semaphore(address + self.free_at)
+
+    @property
+    def items_at(self) -> int:  # (offsets in the mapping: the compiled ends take these, not addresses)
+        return self.base
+
+    @property
+    def free_at(self) -> int:
+        return self.base + SEM_SLOT
+
+    def compiled(self, end: Any) -> Any:
+        """A compiled end of this queue (``_queue.c``'s QueueWriter or QueueReader)."""
+        return end(self.mm, self.data, self.capacity, self.items_at, self.free_at)
 
     @property
     def data(self) -> int:
@@ -170,7 +182,7 @@ class _CompiledProducer(Producer):
     __slots__ = ("_end",)
 
     def __init__(self, q: Queue, writer: Any):
-        self._end = writer(q.mm, q.data, q.capacity, q.base, q.base + SEM_SLOT)
+        self._end = q.compiled(writer)
         super().__init__(q)
 
     def reset(self) -> None:
@@ -228,7 +240,6 @@ class Consumer:
         self._post(self._free)
         return record
 
-
     def close(self) -> None:
         pass
 
@@ -239,7 +250,7 @@ class _CompiledConsumer(Consumer):
     __slots__ = ("_end",)
 
     def __init__(self, q: Queue, reader: Any):
-        self._end = reader(q.mm, q.data, q.capacity, q.base, q.base + SEM_SLOT)
+        self._end = q.compiled(reader)
         super().__init__(q)
 
     def reset(self) -> None:
