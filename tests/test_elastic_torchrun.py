@@ -2,7 +2,8 @@
 global sequence of batches, augmentations included, for 1, 2 or 3 ranks and 0, 1 or 2
 workers, and a checkpoint saved by one world size resumes it on another.
 
-Six jobs, each run once and only when a test first needs it, shared by the tests:
+Six jobs, each run once and only when a test first needs it (the four that depend on no
+other, two at a time, when the first of them is), shared by the tests:
 
 - one per world size W = 1, 2, 3 (``--standalone --nproc-per-node=W``), ``--workers 0 1 2``:
   all the epochs from the start, once per worker count, in the same ranks;
@@ -28,14 +29,13 @@ import os
 import random
 import re
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
 from shmload._ordering.seeding import sample_seed
 
-from .scripts import ROOT, describe, fail_if_left_behind, run_script, torchrun_args
+from .scripts import ROOT, describe, fail_if_left_behind, run_script, run_scripts, torchrun_args
 from .test_examples import EXIT_NEEDS_TORCH, HIDE_TORCH
 from .test_torchrun import skip_without_torch
 
@@ -50,8 +50,9 @@ CHAIN = {"stop2": (2, 2, 2), "resume3": (3, 1, 8), "resume1": (None, 0, None)}
 
 
 def timeout(jobs: int):
-    """pytest-timeout for a test that may have to run ``jobs`` torchrun jobs first (a job
-    overrunning is killed, and reported, by the job's own time-out before this one)."""
+    """pytest-timeout for a test that may have to run ``jobs`` rounds of torchrun jobs
+    first (one job, or two at a time: Jobs.get); a job overrunning is killed, and reported,
+    by the job's own time-out before this one."""
     return pytest.mark.timeout(30 + jobs * JOB_TIMEOUT)
 
 
@@ -60,21 +61,21 @@ class Job:
         self.result, self.report, self.checkpoint, self.seconds = result, report, checkpoint, seconds
 
 
-def launch(world: int | None, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+def command(world: int | None, *args: str) -> list[str]:
     """``torchrun --standalone --nproc-per-node=world examples/elastic_ddp.py *args`` (world
-    None: ``python examples/elastic_ddp.py *args``) in a session of its own, importing this
-    checkout's shmload; and its duration. The session is killed if the job overruns or the
-    test is interrupted, and the test fails if the job leaves a process behind."""
-    start = time.monotonic()
-    result = run_script(torchrun_args(world, [EXAMPLE, *args]) if world else [EXAMPLE, *args], JOB_TIMEOUT,
-                        OMP_NUM_THREADS="1")
-    seconds = time.monotonic() - start
-    fail_if_left_behind(result, f"the job {args}")
-    return result, seconds
+    None: ``python examples/elastic_ddp.py *args``), as run_script's arguments."""
+    return torchrun_args(world, [EXAMPLE, *args]) if world else [EXAMPLE, *args]
 
 
 class Jobs:
-    """The module's jobs, each run when first asked for (the chain's in its order)."""
+    """The module's jobs, each run when first asked for (the chain's in its order), in a
+    session of its own, importing this checkout's shmload: the session is killed if the
+    job overruns or the test is interrupted, and the test fails if the job leaves a process
+    behind. The jobs that depend on none (the worlds and the chain's first) run two at a
+    time, all of them when the first is asked for: a torchrun job leaves a core idle while
+    its launcher imports torch."""
+
+    INDEPENDENT = ("world1", "world2", "world3", next(iter(CHAIN)))
 
     def __init__(self, folder):
         self.folder = folder
@@ -82,26 +83,30 @@ class Jobs:
 
     def get(self, name: str) -> Job:
         if name not in self.done:
-            self.done[name] = self._run(name)
+            names = [n for n in self.INDEPENDENT if n not in self.done] if name in self.INDEPENDENT else [name]
+            if name in CHAIN and list(CHAIN).index(name):  # resumes the job before it
+                self.get(list(CHAIN)[list(CHAIN).index(name) - 1])
+            results = run_scripts([(command(*self._job(n)), {"OMP_NUM_THREADS": "1"}) for n in names], JOB_TIMEOUT)
+            for n, result in zip(names, results):
+                fail_if_left_behind(result, f"the job {n}")
+                self.done[n] = self._read(n, result)
         return self.done[name]
 
     def world(self, size: int) -> Job:
         return self.get(f"world{size}")
 
-    def _run(self, name: str) -> Job:
+    def _job(self, name: str) -> tuple:
+        """The world size of the job ``name`` (None: without torchrun), then its arguments."""
         common = ["--samples", str(SAMPLES), "--global-batch", str(GLOBAL_BATCH), "--epochs", str(EPOCHS),
                   "--seed", str(SEED), "--report", str(self.folder / f"{name}.json")]
-        checkpoint = self.folder / "checkpoint.json"
         if name.startswith("world"):
-            world, args = int(name[5:]), ["--workers", *map(str, WORKERS)]
-        else:
-            names = list(CHAIN)
-            if names.index(name):  # resumes the job before it
-                self.get(names[names.index(name) - 1])
-            world, workers, stop = CHAIN[name]
-            args = ["--workers", str(workers), "--checkpoint", str(checkpoint)]
-            args += ["--stop-after", str(stop)] if stop else []
-        result, seconds = launch(world, *common, *args)
+            return int(name[5:]), *common, "--workers", *map(str, WORKERS)
+        world, workers, stop = CHAIN[name]
+        args = ["--workers", str(workers), "--checkpoint", str(self.folder / "checkpoint.json")]
+        return world, *common, *args, *(["--stop-after", str(stop)] if stop else [])
+
+    def _read(self, name: str, result: subprocess.CompletedProcess) -> Job:
+        checkpoint = self.folder / "checkpoint.json"
         assert result.returncode == 0, describe(result)
         assert "Traceback" not in result.stderr, describe(result)
         with open(self.folder / f"{name}.json") as f:
@@ -111,7 +116,7 @@ class Jobs:
             with open(checkpoint) as f:
                 saved = json.load(f)  # (the next job of the chain overwrites it)
         assert not os.path.exists(f"{checkpoint}.tmp"), describe(result)
-        return Job(result, report, saved, seconds)
+        return Job(result, report, saved, result.seconds)
 
 
 @pytest.fixture(scope="module")
