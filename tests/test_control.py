@@ -150,6 +150,31 @@ def test_completions_ring_the_bell_and_the_main_side_takes_them_per_worker(kind)
 
 
 @pytest.mark.pure
+def test_a_worker_rings_the_bell_only_for_the_first_record_the_main_side_has_not_taken(kind):
+    """NOTE [ A doorbell rung only for a sleeper ]: a burst of completions is one token;
+    once the main side has taken them all, the next completion rings again."""
+    _, cb, ends = block(2)
+
+    def tokens() -> int:
+        n = 0
+        while cb.bell.trywait():
+            n += 1
+        return n
+
+    for i in range(5):
+        assert ends[0].publish(b"burst %d" % i, b"")
+    assert ends[1].publish(b"other", b"")  # another worker's queue was empty: it rings too
+    assert tokens() == 2
+    assert cb.take(0) == b"burst 0"
+    assert ends[0].publish(b"late", b"")  # four older records still there: no ring
+    assert tokens() == 0
+    assert [cb.take(0) for _ in range(6)] == [b"burst 1", b"burst 2", b"burst 3", b"burst 4", b"late", None]
+    assert cb.take(1) == b"other"
+    assert ends[0].publish(b"next", b"")  # the queue was empty again
+    assert tokens() == 1
+
+
+@pytest.mark.pure
 def test_reset_gives_a_replacement_empty_queues_whatever_the_dead_one_left(kind):
     _, cb, (end,) = block()
     cb.tasks[0].put(b"held by the dead worker")

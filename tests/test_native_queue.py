@@ -39,7 +39,8 @@ STEPS = int(os.environ.get("SHMLOAD_QUEUE_STEPS", "3000"))  # (fewer under valgr
 
 def script(seed: int, writer, reader, steps: int = STEPS) -> list:
     """Random puts (of one to three parts, bytes or memoryviews, every size up to a
-    record's maximum) and takes, filling the queue now and then: what each call returned."""
+    record's maximum), takes and counts of the records pending, filling the queue now and
+    then: what each call returned."""
     rng = random.Random(seed)
     out = []
     for i in range(steps):
@@ -51,6 +52,8 @@ def script(seed: int, writer, reader, steps: int = STEPS) -> list:
             out.append(("put", writer.put(*parts)))
         else:
             out.append(("take", reader.take()))
+        if rng.random() < 0.2:
+            out.append(("pending", writer.pending()))
     return out
 
 
@@ -127,7 +130,7 @@ def test_a_closed_compiled_end_refuses_and_lets_the_mapping_close():
     with pytest.raises(BufferError):
         mm.close()  # (the ends hold it)
     writer.close(), reader.close(), cb.close()
-    for call in (lambda: writer.put(b"x"), reader.take, writer.reset):
+    for call in (lambda: writer.put(b"x"), reader.take, writer.reset, writer.pending):
         with pytest.raises(ValueError, match="this queue end is closed"):
             call()
     mm.close()
@@ -141,6 +144,7 @@ def test_the_compiled_ends_hold_no_references_or_memory():
     def run():
         for _ in range(40):  # fills the queue: the refusals and the frees are run too
             writer.put(payload, view, b"")
+            writer.pending()
         while reader.take() is not None:
             pass
 
@@ -152,6 +156,22 @@ def test_the_compiled_ends_hold_no_references_or_memory():
     gc.collect()
     assert [sys.getrefcount(payload), sys.getrefcount(view)] == before
     assert sys.getallocatedblocks() - blocks < 100
+
+
+@pytest.mark.parametrize("kinds", [("python", "python"), pytest.param(("compiled", "compiled"), marks=needs_core),
+                                   pytest.param(("compiled", "python"), marks=needs_core),
+                                   pytest.param(("python", "compiled"), marks=needs_core)])
+def test_pending_counts_the_records_put_and_not_yet_taken(kinds):
+    _, _, writer, reader = queue(kinds)
+    assert writer.pending() == 0
+    counts = []
+    for body in (b"a", b"bb", b"ccc"):
+        assert writer.put(body)
+        counts.append(writer.pending())
+    assert counts == [1, 2, 3]
+    assert reader.take() == b"a" and writer.pending() == 2
+    assert reader.take() == b"bb" and reader.take() == b"ccc" and reader.take() is None
+    assert writer.pending() == 0
 
 
 @pytest.mark.parametrize("kind", ["python", pytest.param("compiled", marks=needs_core)])

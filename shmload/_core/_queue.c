@@ -187,6 +187,19 @@ spans_pop(End *self)
     return 0;
 }
 
+/* OSError(errno, "<call>: <strerror>"), as queues._checked raises it; NULL. */
+static PyObject *
+errno_error(const char *call)
+{
+    int err = errno;
+    PyObject *args = Py_BuildValue("(iN)", err, PyUnicode_FromFormat("%s: %s", call, strerror(err)));
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
 /* put(payload, *more) -> bool: control.Producer.put. */
 static PyObject *
 Writer_put(End *self, PyObject *args)
@@ -243,12 +256,7 @@ Writer_put(End *self, PyObject *args)
     self->pos = (pos + need) % cap;
     self->used += span;
     if (sem_post(self->items) != 0) { /* NOTE [ How a record becomes visible ] (control.py) */
-        int err = errno; /* OSError(errno, "sem_post: ..."), as queues._checked raises it */
-        PyObject *args = Py_BuildValue("(iN)", err, PyUnicode_FromFormat("sem_post: %s", strerror(err)));
-        if (args != NULL) {
-            PyErr_SetObject(PyExc_OSError, args);
-            Py_DECREF(args);
-        }
+        errno_error("sem_post");
         goto done;
     }
     result = Py_True;
@@ -268,6 +276,19 @@ Writer_freed(End *self, PyObject *unused)
     if (check_open(self) < 0 || spans_pop(self) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* pending() -> int: records published and not yet taken (control.Producer.pending): the
+ * count of ``items``, read after this end's own post, so it counts the record just put. */
+static PyObject *
+Writer_pending(End *self, PyObject *unused)
+{
+    if (check_open(self) < 0)
+        return NULL;
+    int value = 0;
+    if (sem_getvalue(self->items, &value) != 0)
+        return errno_error("sem_getvalue");
+    return PyLong_FromLong(value);
 }
 
 /* ---------------------------------------------------------------- the reader */
@@ -315,6 +336,7 @@ Reader_take(End *self, PyObject *unused)
 static PyMethodDef Writer_methods[] = {
     {"put", (PyCFunction)Writer_put, METH_VARARGS, "put(payload, *more) -> bool: publish one record, or False."},
     {"freed", (PyCFunction)Writer_freed, METH_NOARGS, "freed(): a free token was taken by a wait."},
+    {"pending", (PyCFunction)Writer_pending, METH_NOARGS, "pending() -> int: records published, not yet taken."},
     {"reset", (PyCFunction)End_reset, METH_NOARGS, "reset(): position 0, nothing written."},
     {"close", (PyCFunction)End_close, METH_NOARGS, "close(): let go of the mapping."},
     {NULL, NULL, 0, NULL},

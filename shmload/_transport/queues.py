@@ -38,6 +38,7 @@ def _fn(lib: Any, name: str, *args: Any) -> Any:
 _sem_init = _fn(_libc, "sem_init", ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)
 sem_post = _fn(_libc_fast, "sem_post", ctypes.c_void_p)
 sem_trywait = _fn(_libc_fast, "sem_trywait", ctypes.c_void_p)
+_sem_getvalue = _fn(_libc_fast, "sem_getvalue", ctypes.c_void_p, ctypes.c_void_p)  # (an int's address)
 # sem_clockwait (glibc 2.30) waits on CLOCK_MONOTONIC; sem_timedwait on the wall clock,
 # which a clock change could stretch (the waits are short and retried either way).
 _sem_clockwait = _fn(_libc, "sem_clockwait", ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec))
@@ -122,7 +123,7 @@ class Producer:
     """The writing end of one queue. Only one process, one thread at a time, writes."""
 
     __slots__ = ("q", "_pos", "_used", "_sizes", "max_record", "_data", "_cap", "_mm", "_post", "_items",
-                 "_trywait", "_free")
+                 "_trywait", "_free", "_value")
 
     def __init__(self, q: Queue):
         self.q = q
@@ -130,6 +131,7 @@ class Producer:
         self._data, self._cap, self._mm = q.data, q.capacity, q.mm
         self._post, self._items = sem_post, q.items.addr
         self._trywait, self._free = sem_trywait, q.free.addr
+        self._value = ctypes.c_int()  # (pending()'s)
         self.reset()
 
     def reset(self) -> None:
@@ -166,6 +168,14 @@ class Producer:
         _checked(self._post(self._items), "sem_post")  # NOTE [ How a record becomes visible ]
         return True
 
+    def pending(self) -> int:
+        """Records published and not yet taken: the count of ``items``, read after this
+        end's own posts, so the record just put counts (NOTE [ A doorbell rung only for a
+        sleeper ], control.py)."""
+        value = self._value
+        _checked(_sem_getvalue(self._items, ctypes.addressof(value)), "sem_getvalue")
+        return value.value
+
     def wait_for_room(self, timeout: float) -> None:
         """Sleep until the consumer frees a record (or ``timeout`` passes), keeping its token."""
         if self.q.free.wait(timeout):
@@ -190,6 +200,9 @@ class _CompiledProducer(Producer):
 
     def put(self, payload: bytes | bytearray | memoryview, *more: bytes) -> bool:
         return self._end.put(payload, *more)
+
+    def pending(self) -> int:
+        return self._end.pending()
 
     def wait_for_room(self, timeout: float) -> None:
         if self.q.free.wait(timeout):
