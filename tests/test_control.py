@@ -281,6 +281,55 @@ def test_no_wake_up_is_lost_when_completions_come_while_the_main_side_goes_to_sl
         child.join(10)
 
 
+def test_no_wake_up_is_lost_with_two_workers_whose_records_pile_up(kind):
+    """The main process's own protocol (Supervisor.poll: every queue taken until empty,
+    then drain, scan again, sleep) against two workers publishing in bursts, so that most
+    records come behind an older one and ring no bell (NOTE [ A doorbell rung only for a
+    sleeper ]): every record arrives, in order per worker, and no sleep runs to its
+    time-out."""
+    mm, cb, _ = block(2)
+    counts = (2000, 2000)
+    children = []
+    for wid, count in enumerate(counts):
+        rng = random.Random(10 + wid)
+        delays = [rng.choice((0, 0, 0, 0, 1e-5, 1e-4, 1e-3)) for _ in range(count)]
+        child = multiprocessing.get_context("fork").Process(target=_sleepy_publisher, args=(mm, cb.areas[wid], delays))
+        child.start()
+        children.append(child)
+    try:
+        got, slow, sleeps = [0, 0], 0, 0
+        deadline = time.monotonic() + 40
+
+        def take_all() -> bool:
+            found = False
+            for wid in (0, 1):
+                while (rec := cb.take(wid)) is not None:
+                    assert int.from_bytes(rec, "little") == got[wid], f"worker {wid}'s records out of order"
+                    got[wid] += 1
+                    found = True
+            return found
+
+        while tuple(got) != counts:
+            assert time.monotonic() < deadline, f"only {got} of {counts} records came"
+            if take_all():
+                continue
+            cb.drain_bell()
+            if take_all():
+                continue
+            t0 = time.monotonic()
+            cb.sleep(2.0)
+            sleeps += 1
+            slow += time.monotonic() - t0 >= 1.9
+        assert slow == 0, f"{slow} of {sleeps} sleeps ran their whole time-out while a completion was published"
+    finally:
+        for child in children:
+            child.join(10)
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+    assert [c.exitcode for c in children] == [0, 0]
+
+
 # ---------------------------------------------------------------- wire
 def roundtrip_task(task: Task) -> Task:
     head, body = wire.encode_task(task)
