@@ -141,11 +141,40 @@ def table(workload: str, rows: dict[str, dict[str, Any]], ceilings: dict[str, An
     return "\n".join(lines)
 
 
+def rounds_ratios(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]]) -> list[float]:
+    """Loader a's throughput over loader b's, round by round, for the rounds where both
+    ran. An invocation appends its runs a round at a time (every loader once, then
+    again), so the i-th runs of two loaders were measured within seconds of each other:
+    on a host whose speed drifts from minute to minute, the median of these ratios is
+    steadier than the ratio of the two medians, which pairs runs from different minutes."""
+    out = []
+    for a, b in zip(a_runs, b_runs):
+        if "epochs" in a and "epochs" in b:
+            rate = summarize_run(b)["batches_per_s"]
+            if rate:
+                out.append(summarize_run(a)["batches_per_s"] / rate)
+    return out
+
+
+class Rounds(NamedTuple):
+    """The rounds' own ratios of a target: their median, least and greatest, and how many."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @classmethod
+    def of(cls, ratios: list[float]) -> Rounds | None:
+        return cls(statistics.median(ratios), min(ratios), max(ratios), len(ratios)) if ratios else None
+
+
 class Target(NamedTuple):
     text: str
     value: float | None     # the measured figure (None: a loader it needs did not run)
     goal: float
     higher_is_better: bool = True
+    rounds: Rounds | None = None  # for a ratio of two loaders' throughputs, with more than one round
 
     @property
     def met(self) -> bool | None:
@@ -156,7 +185,11 @@ class Target(NamedTuple):
     def line(self) -> str:
         status = {True: "met", False: "MISSED", None: "not measured"}[self.met]
         value = "-" if self.value is None else f"{self.value:.2f}"
-        return f"- [{status}] {self.text}: {value} (goal {'>=' if self.higher_is_better else '<='} {self.goal:g})"
+        text = f"- [{status}] {self.text}: {value} (goal {'>=' if self.higher_is_better else '<='} {self.goal:g})"
+        r = self.rounds
+        if r is not None and r.count > 1:
+            text += f"; the rounds' own ratios: median {r.median:.2f}, {r.low:.2f}-{r.high:.2f} over {r.count}"
+        return text
 
 
 def _get(results: dict[str, dict[str, Any]], workload: str, loader: str, key: str) -> float | None:
@@ -172,24 +205,32 @@ def _scaled(a: float | None, factor: float) -> float | None:
     return a * factor if a is not None else None
 
 
-def targets(results: dict[str, dict[str, Any]], ceilings: dict[str, Any] | None, workers: int) -> list[Target]:
-    """The issue's targets, evaluated on one run's combined results."""
+def targets(results: dict[str, dict[str, Any]], ceilings: dict[str, Any] | None, workers: int,
+            runs: dict[str, dict[str, list[dict[str, Any]]]] | None = None) -> list[Target]:
+    """The issue's targets, evaluated on one run's combined results. A target is judged on
+    the ratio of the medians; given the invocation's ``runs`` (workload -> loader -> its
+    runs, in round order), a throughput ratio of shmload to one peer also reports the
+    rounds' own ratios (:func:`rounds_ratios`)."""
     shm = lambda w, k="batches_per_s": _get(results, w, "shmload", k)  # noqa: E731
     peer = lambda w, name, k="batches_per_s": _get(results, w, name, k)  # noqa: E731
+
+    def against(text: str, w: str, name: str, goal: float) -> Target:
+        by_loader = (runs or {}).get(w, {})
+        paired = Rounds.of(rounds_ratios(by_loader.get("shmload", []), by_loader.get(name, [])))
+        return Target(text, _div(shm(w), peer(w, name)), goal, rounds=paired)
+
     tp_best = max((v for v in (peer("transport-big", "tp-runner"), peer("transport-big", "tp-map")) if v),
                   default=None)
     jpeg_ceiling = ceiling_rate("jpeg", ceilings, workers)
     out = [
-        Target("transport-big: shmload / torch DataLoader",
-               _div(shm("transport-big"), peer("transport-big", "torch")), 5),
-        Target("transport-big: shmload / single-process loop",
-               _div(shm("transport-big"), peer("transport-big", "single")), 1.5),
+        against("transport-big: shmload / torch DataLoader", "transport-big", "torch", 5),
+        against("transport-big: shmload / single-process loop", "transport-big", "single", 1.5),
         Target("transport-big: shmload / best tensorpack", _div(shm("transport-big"), tp_best), 3),
-        Target("tiny: shmload / torch DataLoader", _div(shm("tiny"), peer("tiny", "torch")), 12),
-        Target("tiny: shmload / tensorpack MultiProcessRunnerZMQ", _div(shm("tiny"), peer("tiny", "tp-runner")), 1.4),
-        Target("rows: shmload / tensorpack MultiProcessRunnerZMQ", _div(shm("rows"), peer("rows", "tp-runner")), 2.0),
-        Target("tiny: shmload / ZMQ pickle-5 pool (zmq-pool)", _div(shm("tiny"), peer("tiny", "zmq-pool")), 2.2),
-        Target("tiny: shmload / single-process loop", _div(shm("tiny"), peer("tiny", "single")), 1.25),
+        against("tiny: shmload / torch DataLoader", "tiny", "torch", 12),
+        against("tiny: shmload / tensorpack MultiProcessRunnerZMQ", "tiny", "tp-runner", 1.4),
+        against("rows: shmload / tensorpack MultiProcessRunnerZMQ", "rows", "tp-runner", 2.0),
+        against("tiny: shmload / ZMQ pickle-5 pool (zmq-pool)", "tiny", "zmq-pool", 2.2),
+        against("tiny: shmload / single-process loop", "tiny", "single", 1.25),
         Target("tiny: shmload's main-process CPU per batch, us", _scaled(shm("tiny", "main_cpu_ms"), 1e3), 25, False),
         Target("tiny: shmload's worker CPU per batch beyond the dataset's __getitem__, us",
                _scaled(shm("tiny", "workers_beyond_getitem_ms"), 1e3), 40, False),

@@ -80,7 +80,7 @@ def print_report(data: dict[str, Any]) -> None:
         print(f"\n### {workload}: {WORKLOADS[workload].note}\n")
         print(report.table(workload, rows, data.get("ceilings"), workers))
     print("\n### Targets\n")
-    for target in report.targets(results, data.get("ceilings"), workers):
+    for target in report.targets(results, data.get("ceilings"), workers, data["runs"]):
         print(target.line())
     data["combined"] = results
 

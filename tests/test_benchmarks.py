@@ -56,6 +56,26 @@ def test_targets_compare_shmload_with_the_named_peers():
 
 
 @pytest.mark.pure
+def test_a_peer_target_also_reports_the_rounds_own_ratios_paired_by_round():
+    # three rounds on a host that slows down: each round's ratio is 2, the ratio of the
+    # medians is not; a round where either loader failed is left out of the pairs
+    shm_runs = [_run([0.1]), _run([0.2]), _run([0.4]), _run([0.1])]
+    runner_runs = [_run([0.2]), _run([0.4]), _run([0.8]), {"error": "timed out"}]
+    runs = {"tiny": {"shmload": shm_runs, "tp-runner": runner_runs}}
+    assert report.rounds_ratios(shm_runs, runner_runs) == pytest.approx([2.0, 2.0, 2.0])
+    results = {w: {name: report.combine(r) for name, r in by.items()} for w, by in runs.items()}
+    by_text = {t.text: t for t in report.targets(results, None, 2, runs)}
+    target = by_text["tiny: shmload / tensorpack MultiProcessRunnerZMQ"]
+    assert target.value == pytest.approx(results["tiny"]["shmload"]["batches_per_s"] / 25)  # judged on the medians
+    assert target.rounds == pytest.approx((2.0, 2.0, 2.0, 3))
+    assert re.search(r"the rounds' own ratios: median 2\.00, 2\.00-2\.00 over 3$", target.line())
+    # one round, or no runs given: the line is the ratio of the medians alone
+    one = {"tiny": {"shmload": shm_runs[:1], "tp-runner": runner_runs[:1]}}
+    assert "rounds" not in {t.text: t for t in report.targets(results, None, 2, one)}[target.text].line()
+    assert {t.text: t for t in report.targets(results, None, 2)}[target.text].rounds is None
+
+
+@pytest.mark.pure
 def test_the_table_names_every_loader_and_flags_unordered_and_duplicate_output():
     shm = report.combine([_run([0.1])])
     runner = report.combine([_run([0.2])])
