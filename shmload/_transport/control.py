@@ -51,7 +51,7 @@ NOTE [ A doorbell rung only for a sleeper ]
     The main process waits for any of its workers, so a completion is also posted to
     one shared ``bell``. Taking a record consumes a bell token when there is one; the
     main process sleeps only after draining the bell and finding every queue empty once
-    more (:meth:`ControlBlock.wait`), so a record published at any moment either is
+    more (``Supervisor.poll``), so a record published at any moment either is
     found by that last scan or posts the bell after it: no wake-up is lost.
 
     A worker rings the bell only when its record is the only one of its queue not yet
