@@ -25,6 +25,8 @@ from shmload._batching import collate
 from shmload._batching.collate import StackPlans, build_local
 from shmload._core import native as native_mod
 
+from .helpers import assert_holds_nothing
+
 pytestmark = [pytest.mark.timeout(120)]
 pure = pytest.mark.pure  # (all but the one that starts an interpreter)
 needs_core = pytest.mark.skipif(native_mod.native is None, reason=f"no compiled core: {native_mod.DESCRIPTION}")
@@ -417,15 +419,7 @@ def test_a_tasks_indices_decline_a_partial_int64_and_hold_no_references():
         core.int64_indices(declined)
         core.int64_indices(b"1234567")
 
-    run()
-    gc.collect()
-    before, blocks = [sys.getrefcount(raw), sys.getrefcount(declined)], sys.getallocatedblocks()
-    for _ in range(2000):
-        run()
-    gc.collect()
-    # (ints are not tracked by gc: a leaked list, item or bound shows as blocks never freed)
-    assert [sys.getrefcount(raw), sys.getrefcount(declined)] == before
-    assert sys.getallocatedblocks() - blocks < 100
+    assert_holds_nothing(run, [raw, declined], 2000)
 
 
 @needs_core

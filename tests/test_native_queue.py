@@ -5,11 +5,9 @@ this file too: .ci/valgrind-native)."""
 
 from __future__ import annotations
 
-import gc
 import mmap
 import os
 import random
-import sys
 
 import pytest
 
@@ -17,6 +15,8 @@ from shmload._core import native as native_mod
 from shmload._transport import queues as control
 from shmload._transport.control import ControlBlock
 from shmload._transport.queues import SEM_SLOT
+
+from .helpers import assert_holds_nothing
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.pure]
 needs_core = pytest.mark.skipif(native_mod.native is None, reason=f"no compiled core: {native_mod.DESCRIPTION}")
@@ -148,14 +148,7 @@ def test_the_compiled_ends_hold_no_references_or_memory():
         while reader.take() is not None:
             pass
 
-    run()
-    gc.collect()
-    before, blocks = [sys.getrefcount(payload), sys.getrefcount(view)], sys.getallocatedblocks()
-    for _ in range(300):
-        run()
-    gc.collect()
-    assert [sys.getrefcount(payload), sys.getrefcount(view)] == before
-    assert sys.getallocatedblocks() - blocks < 100
+    assert_holds_nothing(run, [payload, view], 300)
 
 
 @pytest.mark.parametrize("kinds", [("python", "python"), pytest.param(("compiled", "compiled"), marks=needs_core),
