@@ -57,6 +57,8 @@ class Supervisor:
         # no room for yet (each a list of parts), oldest first
         self._outgoing: list[list] = [[] for _ in range(num_workers)]
         self._overflow: list[deque] = [deque() for _ in range(num_workers)]
+        # False: nothing deferred or unwritten, flush() has nothing to do; set by every write
+        self._unsent = False
         # per worker: frames read from its socket and not yet put in their announcement's
         # place, and whether a taken announcement (wire.NOTICE) still waits for its frame
         self._frames: list[deque] = [deque() for _ in range(num_workers)]
@@ -118,6 +120,7 @@ class Supervisor:
         seg = self._control_segment
         assert seg is not None, "workers start after the control block is made"
         channel.send(AttachControl(seg.size, self.control.areas[wid]), fd=seg.fd)
+        self._unsent = True
         self._watch(handle)
         return handle
 
@@ -158,9 +161,10 @@ class Supervisor:
             channel.send(msg)  # by the socket, announced in the queue
             head, body = wire.NOTICE, b""
         self._outgoing[wid].append((head, body))
+        self._unsent = True
         if not defer:
             self._push(h)
-        if fd is not None or channel.backlogged:
+        if fd is not None or head is wire.NOTICE:  # a socket write (only one can make it backlogged)
             self._watch(h)
 
     def _push(self, h: WorkerHandle) -> None:
@@ -178,6 +182,9 @@ class Supervisor:
 
     def flush(self) -> None:
         """Send the deferred messages, and write what the sockets take."""
+        if not self._unsent:
+            return
+        self._unsent = False
         for h in self.workers:
             channel = h.channel
             if h.exited or channel is None:
@@ -189,6 +196,7 @@ class Supervisor:
             if channel.backlogged:
                 channel.flush()
                 self._watch(h)
+            self._unsent = self._unsent or bool(self._overflow[h.id]) or channel.backlogged
 
     def restart(self, wid: int) -> WorkerHandle:
         """Start a replacement for worker ``wid``, which has died: same id, new process and
