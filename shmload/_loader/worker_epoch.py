@@ -118,7 +118,7 @@ class MultiprocessEpoch(Epoch):
 
     def _dispatch(self) -> None:
         session = self._session
-        if not session.worth_dispatching(session.outstanding - len(self._reorder)):
+        if not session.worth_dispatching(session.outstanding - len(self._reorder)) or not session.ready_to_send():
             return
         schedule = self._sched
         while not self._exhausted and len(self._reorder) < session.outstanding:

@@ -6,6 +6,7 @@ import numbers
 import os
 import warnings
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Callable
 
 from .._batching.collate import default_collate
@@ -68,7 +69,7 @@ class LoaderConfig:
     batch_parts: int = setting(default=DEFAULT_PARTS)
     stream_shuffle: StreamShuffle | None = None  # an iterable source's shuffle buffer and readers (shuffle.py)
 
-    @property
+    @cached_property  # (asked for every task; the settings are frozen and the dataset's class fixed)
     def parts(self) -> int:
         """Each batch's parts (NOTE [ Parts of a batch ], parts.py): 1 where a batch is never
         split, the collate or ``__getitems__`` making one result for the whole batch."""

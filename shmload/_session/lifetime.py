@@ -39,17 +39,19 @@ class ReleaseQueue:
     """Slots whose batches the user has dropped. Filled by weakref callbacks only."""
 
     def __init__(self) -> None:
-        self._dead: deque[weakref.ref] = deque()  # the watches of dropped batches, appended by C
+        # the watches of dropped batches, appended by C; empty at most next() calls, which
+        # look at it before calling drain()
+        self.dead: deque[weakref.ref] = deque()
         self._watched: dict[int, Slot] = {}  # id(watch) -> its slot (the slot holds the watch)
 
     def watch(self, owner: np.ndarray, slot: Slot) -> None:
-        slot.watch = watch = weakref.ref(owner, self._dead.append)
+        slot.watch = watch = weakref.ref(owner, self.dead.append)
         self._watched[id(watch)] = slot
 
     def drain(self) -> list[Slot]:
         out = []
-        while self._dead:
-            out.append(self._watched.pop(id(self._dead.popleft())))
+        while self.dead:
+            out.append(self._watched.pop(id(self.dead.popleft())))
         return out
 
 

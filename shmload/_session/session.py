@@ -203,15 +203,15 @@ class Session:
         return self.iteration
 
     def collect_releases(self) -> None:
-        for slot in self.releases.drain():
-            self.ring.release(slot)
+        if self.releases.dead:  # (empty at most calls: a look instead of a call)
+            for slot in self.releases.drain():
+                self.ring.release(slot)
 
     def try_dispatch(self, epoch: int, seq: int, load: Any, worker: int | None = None, parts: int = 1) -> bool:
         """Send one batch to ``worker`` (None: the least busy one). False if that worker
         (every worker) is full, or the allocator has no slot for it now. ``parts``: the
         batch's parts, each seeded for itself (NOTE [ Parts of a batch ], parts.py)."""
-        if not self._ready_to_send():
-            return False
+        self.collect_releases()
         wid = self.dispatcher.pick() if worker is None else worker if self.dispatcher.has_room(worker) else None
         if wid is None:
             return False
@@ -229,15 +229,15 @@ class Session:
     def try_dispatch_spans(self, epoch: int, seq: int, load: Any, parts: int, spans: list) -> bool:
         """Send one batch in spans, ``(worker, parts.Span)`` pairs, each worker's rows into
         the batch's one slot (spans.py). False if the allocator has no slot for it now."""
-        if not self._ready_to_send():
-            return False
+        self.collect_releases()
         ok, slot = self.allocator.for_task(self.iteration)
         if ok:
             self.splits.send(epoch, seq, load, parts, spans, slot)
         return ok
 
-    def _ready_to_send(self) -> bool:
-        """Released slots collected, waiting workers served: False while one still waits."""
+    def ready_to_send(self) -> bool:
+        """Before a round of dispatches: released slots collected, and waiting workers served
+        (only :meth:`poll` makes one wait: once a round does); False while one still waits."""
         self.collect_releases()
         self._serve()
         return not self.allocator.waiting
