@@ -81,7 +81,7 @@ _STATES = tuple((state.value, state) for state in SlotState)
 
 
 class Slot(Generic[SegmentT]):
-    __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch")
+    __slots__ = ("ring", "segment", "offset", "capacity", "state", "retired", "watch", "ref")
 
     def __init__(self, ring: Ring[SegmentT], segment: SegmentT, offset: int, capacity: int):
         self.ring: Ring[SegmentT] | None = ring  # None once the ring is closed
@@ -91,10 +91,7 @@ class Slot(Generic[SegmentT]):
         self.state = SlotState.FREE
         self.retired = False
         self.watch: weakref.ref | None = None  # the weakref that reports the batch's release (see lifetime.py)
-
-    @property
-    def ref(self) -> SlotRef:
-        return SlotRef(self.segment.id, self.offset, self.capacity)
+        self.ref = SlotRef(segment.id, offset, capacity)  # what a task names it by (made once: a slot never moves)
 
     def __repr__(self) -> str:
         return f"Slot(segment={self.segment.id}, offset={self.offset}, {self.state.value})"

@@ -55,6 +55,7 @@ NAME_PREFIX = "/shmload-"  # posix: "/shmload-<pid>-<96 random bits>", the libra
 MEMFD_NAME = "shmload"  # memfd: shown as "/memfd:shmload (deleted)" in /proc/<pid>/fd and maps
 MEMFD_PATH = "/memfd:" + MEMFD_NAME
 BACKENDS = ("memfd", "posix")
+_BYTE = np.dtype(np.uint8)  # a window's dtype (window())
 BACKEND_ENV = "SHMLOAD_SHM_BACKEND"  # the default backend for loaders given shm_backend=None
 
 
@@ -257,7 +258,7 @@ class Segment:
         ndarray, so that views of it collapse onto it (see lifetime.py)."""
         if self._pinned is not None:
             return self._pinned.window(offset, count)
-        return np.frombuffer(self.mmap, dtype=np.uint8, count=count, offset=offset)
+        return np.frombuffer(self.mmap, _BYTE, count, offset)  # (positional: keywords cost ~1 us a batch)
 
     def release(self, offset: int, nbytes: int) -> bool:
         """Give ``nbytes`` at ``offset`` back to memory (a retired slot nobody uses): the
