@@ -36,7 +36,8 @@ def extensions():
     except ImportError:  # (pyproject's build requirements bring numpy; without it: pure Python)
         return []
     # NPY_TARGET_VERSION: the oldest numpy the built module loads under, the one pyproject.toml allows
-    return [Extension("shmload._core._native", ["shmload/_core/_native.c", "shmload/_core/_queue.c"],
+    return [Extension("shmload._core._native", ["shmload/_core/_native.c", "shmload/_core/_queue.c",
+                                                    "shmload/_core/_views.c"],
                       depends=["shmload/_core/_native.h"], include_dirs=[numpy.get_include()],
                       define_macros=[("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
                       extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

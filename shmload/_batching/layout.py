@@ -42,6 +42,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from .._core.native import native
+
 ALIGN = 64
 LAYOUTS_KEPT = 16  # layouts each side remembers per worker (wire.LayoutIds, LayoutCache)
 
@@ -246,6 +248,9 @@ RECIPES_KEPT = 64
 _recipes: dict[int, tuple[Layout, tuple, Callable[[list], Any]]] = {}
 
 
+_compiled_views = getattr(native, "views", None)  # (None: pure Python, or a core built before views())
+
+
 def views_in(layout: Layout, owner: np.ndarray, wrap: Callable[[np.ndarray], Any] | None = None) -> Any:
     """The batch of ``layout`` as views of ``owner`` (a uint8 array over its slot), each
     array passed through ``wrap`` if given: what ``build(layout, slot_destination(owner))``
@@ -253,9 +258,11 @@ def views_in(layout: Layout, owner: np.ndarray, wrap: Callable[[np.ndarray], Any
     entry = _recipes.get(id(layout))
     if entry is None or entry[0] is not layout:
         entry = _recipe(layout)
-    new = np.ndarray
-    values = [value if shape is None else new(shape, value, owner, offset) if offset >= 0
-              else owner[:0].view(value).reshape(shape) for shape, value, offset in entry[1]]
+    values = _compiled_views(entry[1], owner) if _compiled_views is not None else None
+    if values is None:  # pure Python, or the compiled core declined (_core/_views.c)
+        new = np.ndarray
+        values = [value if shape is None else new(shape, value, owner, offset) if offset >= 0
+                  else owner[:0].view(value).reshape(shape) for shape, value, offset in entry[1]]
     if wrap is not None:
         values = [v if leaf[0] is None else wrap(v) for leaf, v in zip(entry[1], values)]
     return entry[2](values)

@@ -1,5 +1,6 @@
 /* shmload's compiled core: the default collate's per-sample checks and copies, and a
- * task's indices as the worker reads them. (The control queue's ends are _queue.c's.)
+ * task's indices as the worker reads them. (The control queue's ends are _queue.c's; the
+ * main process's views of a batch, _views.c's.)
  *
  * Every function here is an accelerator that may decline. It either does exactly what
  * the Python code it stands in for does (collate.py: _transpose, _fill; wire.py:
@@ -25,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL shmload_ARRAY_API /* (numpy's table, shared with _views.c) */
 #include <numpy/arrayobject.h>
 #include <string.h>
 
@@ -521,7 +523,7 @@ PyInit__native(void)
     if (s_array == NULL || s_scalar == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && add_queue_types(m) < 0)
+    if (m != NULL && (add_queue_types(m) < 0 || add_view_functions(m) < 0))
         Py_CLEAR(m);
     return m;
 }

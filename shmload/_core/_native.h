@@ -6,4 +6,7 @@
 /* _queue.c: adds QueueWriter and QueueReader to the module; -1 with an exception set. */
 int add_queue_types(PyObject *module);
 
+/* _views.c: adds views() to the module; -1 with an exception set. */
+int add_view_functions(PyObject *module);
+
 #endif
