@@ -8,6 +8,7 @@ read the queues' sizes and count what goes by the socket, reaching into
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -109,6 +110,30 @@ def test_more_tasks_than_a_task_queue_holds_wait_their_turn_in_order():
         # the second epoch, its ring sized, dispatches all 60 batches in one round: what
         # overflows then leaves with no later task to carry it (Supervisor.flush)
         assert all(equal(batches(loader), w) for w in want)
+
+
+def test_a_flush_cut_short_by_an_error_is_done_again_whole(monkeypatch):
+    from shmload._session.supervisor import Supervisor
+
+    ds = Rows(6_000, width=4)
+    kw = dict(batch_size=100, shuffle=True, seed=4)
+    want = [batches(loader) for loader in [shmload.DataLoader(ds, **kw)] for _ in range(2)]
+    real, armed = Supervisor._push, []
+
+    def push(self, h):  # the armed epoch's first flush fails at its first worker, before the other's
+        if armed and sys._getframe(1).f_code.co_name == "flush" and armed.pop():
+            raise OSError("injected: a queue's semaphore failed")
+        return real(self, h)
+
+    monkeypatch.setattr(Supervisor, "_push", push)
+    with shmload.DataLoader(ds, num_workers=2, prefetch_factor=40, timeout=10, persistent_workers=True,
+                            **kw) as loader:
+        assert equal(batches(loader), want[0])
+        armed.append(True)  # the second epoch sends all 60 batches in its first round: no later task carries them
+        it = iter(loader)
+        with pytest.raises(OSError, match="injected"):
+            next(it)
+        assert equal(batches(it), want[1])  # the next next() sends what the cut flush did not
 
 
 def test_an_error_larger_than_its_queue_is_raised_at_its_batch():

@@ -54,11 +54,10 @@ class Supervisor:
         self._control_segment: Segment | None = None
         self._control: ControlBlock | None = None
         # per worker: messages deferred to the next flush(), then records its task queue had
-        # no room for yet (each a list of parts), oldest first
+        # no room for yet (each a list of parts), oldest first; and whether flush() has work
         self._outgoing: list[list] = [[] for _ in range(num_workers)]
         self._overflow: list[deque] = [deque() for _ in range(num_workers)]
-        # False: nothing deferred or unwritten, flush() has nothing to do; set by every write
-        self._unsent = False
+        self._unsent = False  # (set by every write; most next() calls have nothing to flush)
         # per worker: frames read from its socket and not yet put in their announcement's
         # place, and whether a taken announcement (wire.NOTICE) still waits for its frame
         self._frames: list[deque] = [deque() for _ in range(num_workers)]
@@ -184,7 +183,7 @@ class Supervisor:
         """Send the deferred messages, and write what the sockets take."""
         if not self._unsent:
             return
-        self._unsent = False
+        unsent = False  # (stored at the end: a flush cut short by an exception is done again whole)
         for h in self.workers:
             channel = h.channel
             if h.exited or channel is None:
@@ -196,7 +195,8 @@ class Supervisor:
             if channel.backlogged:
                 channel.flush()
                 self._watch(h)
-            self._unsent = self._unsent or bool(self._overflow[h.id]) or channel.backlogged
+            unsent = unsent or bool(self._overflow[h.id]) or channel.backlogged
+        self._unsent = unsent
 
     def restart(self, wid: int) -> WorkerHandle:
         """Start a replacement for worker ``wid``, which has died: same id, new process and
