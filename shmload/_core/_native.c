@@ -36,8 +36,6 @@
 static PyObject *Leaf_type, *Seq_type, *Map_type, *an_object;
 static PyObject *s_array, *s_scalar; /* the kinds' tags, interned */
 
-#define MAX_DIMS 32
-
 static int
 same_tag(PyObject *tag, PyObject *want)
 {

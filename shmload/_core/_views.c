@@ -28,8 +28,6 @@
 
 #include "_native.h"
 
-#define VIEW_DIMS 32
-
 #if NPY_ABI_VERSION < 0x02000000 /* (built against numpy 1.x headers: the field itself) */
 #define PyDataType_ELSIZE(descr) ((descr)->elsize)
 #endif
@@ -39,7 +37,7 @@
 static int
 leaf_dims(PyObject *shape, PyArray_Descr *dtype, npy_intp *dims, npy_intp *nbytes)
 {
-    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) > VIEW_DIMS)
+    if (!PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) > MAX_DIMS)
         return -1;
     int nd = (int)PyTuple_GET_SIZE(shape);
     npy_intp total = PyDataType_ELSIZE(dtype);
@@ -73,7 +71,7 @@ leaf_view(PyArrayObject *owner, PyObject *shape, PyObject *value, PyObject *offs
         PyErr_Clear();
         Py_RETURN_NONE; /* a zero-size leaf (-1), or an offset beyond any size */
     }
-    npy_intp dims[VIEW_DIMS], nbytes = 0;
+    npy_intp dims[MAX_DIMS], nbytes = 0;
     int nd = leaf_dims(shape, dtype, dims, &nbytes);
     npy_intp size = PyArray_NBYTES(owner);
     if (nd < 0 || offset > size || nbytes > size - offset)
